@@ -1,0 +1,75 @@
+# make run   install what is missing, build, run the main job
+# make test  the same set-up, then the whole test suite
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+BUILD     := build
+OBJDIR    := src/meridian/bpfobj
+BPF_SRC   := $(wildcard bpf/*.bpf.c)
+BPF_HDR   := $(wildcard bpf/*.h)
+BPF_OBJ   := $(patsubst bpf/%.bpf.c,$(OBJDIR)/%.bpf.o,$(BPF_SRC))
+ARCH      := $(shell uname -m | sed -e 's/x86_64/x86/' -e 's/aarch64/arm64/')
+CLANG     ?= clang
+BPFTOOL   ?= bpftool
+DEB_PKGS  := clang llvm libbpf-dev bpftool bpftrace fio e2fsprogs util-linux
+PYTEST_ARGS ?=
+
+.PHONY: help deps venv bpf run test lint bench clean
+help:
+	@echo "make run    set up (Debian packages, venv, BPF objects) and run meridian biolat"
+	@echo "make test   the same set-up, then the whole test suite"
+	@echo "make lint   ruff and mypy"
+	@echo "make bench  the benchmarks in benchmarks/ (writes benchmarks/RESULTS.md)"
+
+# Debian packages: install only what is missing (apt-get update once, first).
+deps: $(BUILD)/.deps
+$(BUILD)/.deps:
+	@mkdir -p $(BUILD)
+	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "error: missing Debian packages: $$missing (run as root, or apt-get install them)" >&2; exit 2; fi; \
+	  echo "installing: $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@touch $@
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml | $(BUILD)/.deps
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[all,dev]'
+	@touch $@
+
+# vmlinux.h comes from this kernel's BTF; it is build output, never committed.
+$(BUILD)/vmlinux.h: | $(BUILD)/.deps
+	@test -r /sys/kernel/btf/vmlinux || { echo "error: this kernel has no BTF at /sys/kernel/btf/vmlinux (needs CONFIG_DEBUG_INFO_BTF=y)" >&2; exit 2; }
+	@command -v $(BPFTOOL) >/dev/null || { echo "error: bpftool not found (apt-get install bpftool)" >&2; exit 2; }
+	$(BPFTOOL) btf dump file /sys/kernel/btf/vmlinux format c > $@.tmp && mv $@.tmp $@
+
+$(OBJDIR)/%.bpf.o: bpf/%.bpf.c $(BPF_HDR) $(BUILD)/vmlinux.h
+	@command -v $(CLANG) >/dev/null || { echo "error: clang not found (apt-get install clang llvm)" >&2; exit 2; }
+	@mkdir -p $(OBJDIR)
+	$(CLANG) -g -O2 -Wall -Werror -target bpf -mcpu=v3 -D__TARGET_ARCH_$(ARCH) \
+	  -I$(BUILD) -Ibpf -c $< -o $@.tmp
+	llvm-strip -g $@.tmp && mv $@.tmp $@
+
+bpf: $(BPF_OBJ)
+
+run: venv bpf
+	$(VENV)/bin/meridian biolat --workload 10 1
+
+test: venv bpf
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy
+
+bench: venv bpf
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(BUILD) $(OBJDIR)

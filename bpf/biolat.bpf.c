@@ -1,0 +1,442 @@
+// SPDX-License-Identifier: GPL-2.0
+/* meridian biolat: block request latency, sizes, queue depth and slow requests.
+ *
+ * Two strategies for the same logic, picked at run time by autoload:
+ *   btf_*: tp_btf programs that get the struct request pointer, the exact key
+ *          for a request in flight (merges and requeues make dev+sector collide);
+ *   tp_*:  plain block tracepoints keyed by dev+sector, for kernels without tp_btf.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "bits.bpf.h"
+#include "maps.bpf.h"
+#include "biolat.h"
+
+const volatile bool targ_queued = false;	/* -Q: latency starts at insert */
+const volatile __u64 latency_unit_ns = 1000;	/* histogram slots of usecs (or msecs) */
+const volatile bool filter_dev_on = false;
+const volatile __u32 filter_dev = 0;
+const volatile bool slow_on = false;
+const volatile __u64 slow_ns = 0;
+const volatile __u64 wakeup_bytes = 1;
+
+/* A request in flight: the pointer (tp_btf) or dev+sector (tracepoints). */
+struct req_key {
+	__u64 id;
+	__u32 dev;
+	__u32 pad;
+};
+
+struct req_state {
+	__u64 insert_ns;
+	__u64 issue_ns;
+	__u32 pid;
+	char comm[BIOLAT_COMM_LEN];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct req_key);
+	__type(value, struct req_state);
+} reqs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct biolat_key);
+	__type(value, struct biolat_hist);
+} hists SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, struct biolat_depth);
+} depth SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct biolat_counters);
+} counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 22);
+} events SEC(".maps");
+
+EXPORT_RECORD(biolat_event);
+
+static const struct biolat_hist zero_hist;
+static const struct biolat_depth zero_depth;
+
+#define COUNT(field)                                                        \
+	do {                                                                \
+		__u32 zero = 0;                                             \
+		struct biolat_counters *c = bpf_map_lookup_elem(&counters, &zero); \
+		if (c)                                                      \
+			__sync_fetch_and_add(&c->field, 1);                 \
+	} while (0)
+
+static __always_inline bool dev_filtered(__u32 dev)
+{
+	return filter_dev_on && dev != filter_dev;
+}
+
+static __always_inline void hist_add(__u32 dev, enum biolat_op op, enum biolat_kind kind,
+				     __u32 bytes, __u64 slot_value, __u64 sample)
+{
+	struct biolat_key key = {
+		.dev = dev,
+		.op = op,
+		.kind = kind,
+		.size_slot = bytes ? (__u32)log2_u64(bytes) : 0,
+	};
+	struct biolat_hist *h = lookup_or_init(&hists, &key, &zero_hist);
+
+	if (!h) {
+		COUNT(hists_full);
+		return;
+	}
+	__sync_fetch_and_add(&h->slots[hist_slot(slot_value, BIOLAT_MAX_SLOTS)], 1);
+	__sync_fetch_and_add(&h->sum, sample);
+	__sync_fetch_and_add(&h->bytes, bytes);
+	if (sample > h->max)
+		h->max = sample;
+}
+
+/* The submitting thread allocates the request: remember who it was. */
+static __always_inline void start_req(const struct req_key *k)
+{
+	struct req_state st = {};
+
+	st.pid = bpf_get_current_pid_tgid() >> 32;
+	bpf_get_current_comm(&st.comm, sizeof(st.comm));
+	if (bpf_map_update_elem(&reqs, k, &st, BPF_ANY))
+		COUNT(reqs_full);
+}
+
+static __always_inline struct req_state *find_or_add(const struct req_key *k)
+{
+	struct req_state *st = bpf_map_lookup_elem(&reqs, k);
+	struct req_state init = {};
+
+	if (st)
+		return st;
+	if (bpf_map_update_elem(&reqs, k, &init, BPF_ANY)) {
+		COUNT(reqs_full);
+		return NULL;
+	}
+	return bpf_map_lookup_elem(&reqs, k);
+}
+
+static __always_inline void insert_req(const struct req_key *k)
+{
+	struct req_state *st = find_or_add(k);
+
+	if (st)
+		st->insert_ns = bpf_ktime_get_ns();
+}
+
+static __always_inline void issue_req(const struct req_key *k, __u32 dev, enum biolat_op op,
+				      __u32 bytes)
+{
+	__u64 now = bpf_ktime_get_ns();
+	struct req_state *st = find_or_add(k);
+	struct biolat_depth *d;
+	__s64 inflight;
+
+	if (!st)
+		return;
+	if (targ_queued && st->insert_ns && !st->issue_ns)
+		hist_add(dev, op, BIOLAT_KIND_QUEUE, bytes, (now - st->insert_ns) / latency_unit_ns,
+			 now - st->insert_ns);
+	if (st->issue_ns) {
+		/* Issued again without a completion or requeue we saw: already in flight. */
+		st->issue_ns = now;
+		return;
+	}
+	st->issue_ns = now;
+	d = lookup_or_init(&depth, &dev, &zero_depth);
+	if (!d)
+		return;
+	inflight = __sync_fetch_and_add(&d->inflight, 1) + 1;
+	__sync_fetch_and_add(&d->issued, 1);
+	hist_add(dev, op, BIOLAT_KIND_DEPTH, 0, inflight, inflight);
+}
+
+/* Back to the queue after issue: it leaves the device and will be issued again. */
+static __always_inline void requeue_req(const struct req_key *k, __u32 dev)
+{
+	struct req_state *st = bpf_map_lookup_elem(&reqs, k);
+	struct biolat_depth *d;
+
+	if (!st || !st->issue_ns)
+		return;
+	st->issue_ns = 0;
+	COUNT(requeued);
+	d = bpf_map_lookup_elem(&depth, &dev);
+	if (d)
+		__sync_fetch_and_add(&d->inflight, -1);
+}
+
+/* Account a completion; returns a reserved slow-I/O record for the caller to finish. */
+static __always_inline struct biolat_event *complete_req(const struct req_key *k, __u32 dev,
+							 enum biolat_op op, __u32 bytes,
+							 __u64 sector, int error)
+{
+	__u64 now = bpf_ktime_get_ns();
+	struct req_state *st = bpf_map_lookup_elem(&reqs, k);
+	struct biolat_event *ev = NULL;
+	struct biolat_depth *d;
+	__u64 start, lat;
+
+	if (!st || !st->issue_ns) {
+		COUNT(unmatched);
+		if (st)
+			bpf_map_delete_elem(&reqs, k);
+		return NULL;
+	}
+	start = targ_queued && st->insert_ns ? st->insert_ns : st->issue_ns;
+	lat = now - start;
+	hist_add(dev, op, BIOLAT_KIND_LATENCY, bytes, lat / latency_unit_ns, lat);
+	d = bpf_map_lookup_elem(&depth, &dev);
+	if (d)
+		__sync_fetch_and_add(&d->inflight, -1);
+
+	if (slow_on && lat >= slow_ns) {
+		ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
+		if (!ev) {
+			COUNT(events_lost);
+		} else {
+			ev->ts_ns = now;
+			ev->sector = sector;
+			ev->latency_ns = lat;
+			ev->queue_ns = st->insert_ns ? st->issue_ns - st->insert_ns : 0;
+			ev->dev = dev;
+			ev->bytes = bytes;
+			ev->pid = st->pid;
+			ev->error = error;
+			ev->op = op;
+			__builtin_memcpy(ev->comm, st->comm, sizeof(ev->comm));
+		}
+	}
+	bpf_map_delete_elem(&reqs, k);
+	return ev;
+}
+
+/* ---- tp_btf strategy: the request pointer ------------------------------------------ */
+
+struct request___old {
+	struct gendisk *rq_disk;
+} __attribute__((preserve_access_index));
+
+static __always_inline __u32 rq_dev(struct request *rq)
+{
+	struct gendisk *disk;
+
+	if (bpf_core_field_exists(((struct request___old *)rq)->rq_disk))
+		disk = BPF_CORE_READ((struct request___old *)rq, rq_disk);
+	else
+		disk = BPF_CORE_READ(rq, q, disk);
+	if (!disk)
+		return 0;
+	return (BPF_CORE_READ(disk, major) << 20) | BPF_CORE_READ(disk, first_minor);
+}
+
+static __always_inline enum biolat_op op_of_flags(__u32 flags)
+{
+	switch (flags & 0xff) {
+	case 0: return BIOLAT_OP_READ;		/* REQ_OP_READ */
+	case 1: return BIOLAT_OP_WRITE;		/* REQ_OP_WRITE */
+	case 7: return BIOLAT_OP_WRITE;		/* REQ_OP_ZONE_APPEND */
+	case 2: return BIOLAT_OP_FLUSH;		/* REQ_OP_FLUSH */
+	case 3: return BIOLAT_OP_DISCARD;	/* REQ_OP_DISCARD */
+	case 5: return BIOLAT_OP_DISCARD;	/* REQ_OP_SECURE_ERASE */
+	default: return BIOLAT_OP_OTHER;
+	}
+}
+
+/* The rwbs string that the block tracepoints print, built from cmd_flags. */
+static __always_inline void fill_rwbs(char *rwbs, __u32 flags)
+{
+	__u32 sync = 1U << bpf_core_enum_value(enum req_flag_bits, __REQ_SYNC);
+	__u32 meta = 1U << bpf_core_enum_value(enum req_flag_bits, __REQ_META);
+	__u32 fua = 1U << bpf_core_enum_value(enum req_flag_bits, __REQ_FUA);
+	__u32 preflush = 1U << bpf_core_enum_value(enum req_flag_bits, __REQ_PREFLUSH);
+	__u32 rahead = 1U << bpf_core_enum_value(enum req_flag_bits, __REQ_RAHEAD);
+	int i = 0;
+
+	if (flags & preflush)
+		rwbs[i++] = 'F';
+	switch (flags & 0xff) {
+	case 1: case 7: rwbs[i++] = 'W'; break;
+	case 3: rwbs[i++] = 'D'; break;
+	case 5: rwbs[i++] = 'D'; rwbs[i++] = 'E'; break;
+	case 2: rwbs[i++] = 'F'; break;
+	case 0: rwbs[i++] = 'R'; break;
+	default: rwbs[i++] = 'N';
+	}
+	if (flags & fua)
+		rwbs[i++] = 'F';
+	if (flags & rahead)
+		rwbs[i++] = 'A';
+	if (flags & sync)
+		rwbs[i++] = 'S';
+	if (flags & meta)
+		rwbs[i++] = 'M';
+}
+
+SEC("tp_btf/block_io_start")
+int BPF_PROG(btf_io_start, struct request *rq)
+{
+	struct req_key k = { .id = (__u64)rq };
+
+	if (dev_filtered(rq_dev(rq)))
+		return 0;
+	start_req(&k);
+	return 0;
+}
+
+SEC("tp_btf/block_rq_insert")
+int BPF_PROG(btf_rq_insert, struct request *rq)
+{
+	struct req_key k = { .id = (__u64)rq };
+
+	if (dev_filtered(rq_dev(rq)))
+		return 0;
+	insert_req(&k);
+	return 0;
+}
+
+SEC("tp_btf/block_rq_issue")
+int BPF_PROG(btf_rq_issue, struct request *rq)
+{
+	struct req_key k = { .id = (__u64)rq };
+	__u32 dev = rq_dev(rq);
+
+	if (dev_filtered(dev))
+		return 0;
+	issue_req(&k, dev, op_of_flags(BPF_CORE_READ(rq, cmd_flags)), BPF_CORE_READ(rq, __data_len));
+	return 0;
+}
+
+SEC("tp_btf/block_rq_requeue")
+int BPF_PROG(btf_rq_requeue, struct request *rq)
+{
+	struct req_key k = { .id = (__u64)rq };
+	__u32 dev = rq_dev(rq);
+
+	if (dev_filtered(dev))
+		return 0;
+	requeue_req(&k, dev);
+	return 0;
+}
+
+SEC("tp_btf/block_rq_complete")
+int BPF_PROG(btf_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
+{
+	struct req_key k = { .id = (__u64)rq };
+	__u32 dev = rq_dev(rq);
+	__u32 flags = BPF_CORE_READ(rq, cmd_flags);
+	struct biolat_event *ev;
+
+	if (dev_filtered(dev))
+		return 0;
+	ev = complete_req(&k, dev, op_of_flags(flags), nr_bytes, BPF_CORE_READ(rq, __sector), error);
+	if (ev) {
+		__builtin_memset(ev->rwbs, 0, sizeof(ev->rwbs));
+		fill_rwbs(ev->rwbs, flags);
+		ringbuf_submit_lazy(&events, ev, wakeup_bytes);
+	}
+	return 0;
+}
+
+/* ---- tracepoint strategy: dev+sector ----------------------------------------------- */
+
+static __always_inline enum biolat_op op_of_rwbs(const char *rwbs)
+{
+	char c = rwbs[0];
+
+	/* A leading F is a preflush when an operation letter follows it. */
+	if (c == 'F' && (rwbs[1] == 'W' || rwbs[1] == 'R' || rwbs[1] == 'D' || rwbs[1] == 'N'))
+		c = rwbs[1];
+	switch (c) {
+	case 'R': return BIOLAT_OP_READ;
+	case 'W': return BIOLAT_OP_WRITE;
+	case 'D': return BIOLAT_OP_DISCARD;
+	case 'F': return BIOLAT_OP_FLUSH;
+	default: return BIOLAT_OP_OTHER;
+	}
+}
+
+SEC("tracepoint/block/block_io_start")
+int tp_io_start(struct trace_event_raw_block_rq *ctx)
+{
+	struct req_key k = { .id = ctx->sector, .dev = ctx->dev };
+
+	if (dev_filtered(ctx->dev))
+		return 0;
+	start_req(&k);
+	return 0;
+}
+
+SEC("tracepoint/block/block_rq_insert")
+int tp_rq_insert(struct trace_event_raw_block_rq *ctx)
+{
+	struct req_key k = { .id = ctx->sector, .dev = ctx->dev };
+
+	if (dev_filtered(ctx->dev))
+		return 0;
+	insert_req(&k);
+	return 0;
+}
+
+SEC("tracepoint/block/block_rq_issue")
+int tp_rq_issue(struct trace_event_raw_block_rq *ctx)
+{
+	struct req_key k = { .id = ctx->sector, .dev = ctx->dev };
+	char rwbs[BIOLAT_RWBS_LEN];
+
+	if (dev_filtered(ctx->dev))
+		return 0;
+	bpf_probe_read_kernel(rwbs, sizeof(rwbs), ctx->rwbs);
+	issue_req(&k, ctx->dev, op_of_rwbs(rwbs), ctx->bytes);
+	return 0;
+}
+
+SEC("tracepoint/block/block_rq_requeue")
+int tp_rq_requeue(struct trace_event_raw_block_rq_requeue *ctx)
+{
+	struct req_key k = { .id = ctx->sector, .dev = ctx->dev };
+
+	if (dev_filtered(ctx->dev))
+		return 0;
+	requeue_req(&k, ctx->dev);
+	return 0;
+}
+
+SEC("tracepoint/block/block_rq_complete")
+int tp_rq_complete(struct trace_event_raw_block_rq_completion *ctx)
+{
+	struct req_key k = { .id = ctx->sector, .dev = ctx->dev };
+	char rwbs[BIOLAT_RWBS_LEN];
+	struct biolat_event *ev;
+
+	if (dev_filtered(ctx->dev))
+		return 0;
+	bpf_probe_read_kernel(rwbs, sizeof(rwbs), ctx->rwbs);
+	ev = complete_req(&k, ctx->dev, op_of_rwbs(rwbs), ctx->nr_sector << 9, ctx->sector,
+			  ctx->error);
+	if (ev) {
+		__builtin_memcpy(ev->rwbs, rwbs, sizeof(rwbs));
+		ringbuf_submit_lazy(&events, ev, wakeup_bytes);
+	}
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";

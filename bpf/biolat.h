@@ -1,0 +1,70 @@
+/* Record and key layouts of `meridian biolat`: the one definition that both the
+ * kernel program and the Python decoder (through BTF) read. */
+#ifndef MERIDIAN_BIOLAT_H
+#define MERIDIAN_BIOLAT_H
+
+#define BIOLAT_MAX_SLOTS 32
+#define BIOLAT_COMM_LEN 16
+#define BIOLAT_RWBS_LEN 8
+
+enum biolat_op {
+	BIOLAT_OP_READ,
+	BIOLAT_OP_WRITE,
+	BIOLAT_OP_DISCARD,
+	BIOLAT_OP_FLUSH,
+	BIOLAT_OP_OTHER,
+};
+
+enum biolat_kind {
+	BIOLAT_KIND_LATENCY,	/* issue (or insert, with -Q) to completion */
+	BIOLAT_KIND_QUEUE,	/* insert to issue: time spent queued in the block layer */
+	BIOLAT_KIND_DEPTH,	/* requests in flight on the device, sampled at each issue */
+};
+
+/* Histogram key: one histogram per device, operation, kind and request size slot.
+ * Every view (per device, per op, size histogram, latency by size) is a sum over it. */
+struct biolat_key {
+	__u32 dev;		/* kernel dev_t: major << 20 | minor */
+	enum biolat_op op;
+	enum biolat_kind kind;
+	__u32 size_slot;	/* log2(bytes) */
+};
+
+struct biolat_hist {
+	__u64 slots[BIOLAT_MAX_SLOTS];	/* log2(latency in usecs or msecs), or log2(depth) */
+	__u64 sum;	/* of latencies in ns, or of depths for BIOLAT_KIND_DEPTH */
+	__u64 max;	/* largest latency in ns, or largest depth */
+	__u64 bytes;	/* bytes completed */
+};
+
+/* Per-device requests in flight (issued, not completed), as seen since attach. */
+struct biolat_depth {
+	__s64 inflight;
+	__u64 issued;
+};
+
+/* Everything the tool drops or cannot match, counted per CPU, never silently. */
+struct biolat_counters {
+	__u64 unmatched;	/* completions whose issue was not seen */
+	__u64 events_lost;	/* slow-I/O records the ring buffer had no room for */
+	__u64 reqs_full;	/* in-flight requests not tracked: map full */
+	__u64 hists_full;	/* samples not counted: histogram map full */
+	__u64 requeued;		/* requests requeued after issue */
+};
+
+/* One slow request, streamed through the ring buffer (exercise 3). */
+struct biolat_event {
+	__u64 ts_ns;		/* CLOCK_MONOTONIC at completion */
+	__u64 sector;
+	__u64 latency_ns;
+	__u64 queue_ns;		/* insert to issue, when -Q */
+	__u32 dev;
+	__u32 bytes;
+	__u32 pid;		/* thread group that queued the request; 0 if not seen */
+	__s32 error;
+	enum biolat_op op;
+	char rwbs[BIOLAT_RWBS_LEN];
+	char comm[BIOLAT_COMM_LEN];
+};
+
+#endif

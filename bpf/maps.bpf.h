@@ -1,0 +1,34 @@
+/* Map helpers shared by the programs (kernel side only). */
+#ifndef MERIDIAN_MAPS_BPF_H
+#define MERIDIAN_MAPS_BPF_H
+
+#include <bpf/bpf_helpers.h>
+
+/* Keep a record type in the object's BTF (user space decodes records through it)
+ * when no map or global mentions it, as with ring buffer records. */
+#define EXPORT_RECORD(name) struct name *__meridian_record_##name __attribute__((unused))
+
+/* Look `key` up, inserting `init` first when absent. NULL when the map is full. */
+static __always_inline void *lookup_or_init(void *map, const void *key, const void *init)
+{
+	void *val = bpf_map_lookup_elem(map, key);
+
+	if (val)
+		return val;
+	/* BPF_NOEXIST: another CPU may have inserted it meanwhile, then we take theirs. */
+	bpf_map_update_elem(map, key, init, BPF_NOEXIST);
+	return bpf_map_lookup_elem(map, key);
+}
+
+/* Submit a ring buffer record, waking the reader only when the ring is filling up.
+ * A wake-up costs microseconds; the reader drains on a short timer instead. */
+static __always_inline void ringbuf_submit_lazy(void *ringbuf, void *rec, __u64 wakeup_bytes)
+{
+	__u64 flags = BPF_RB_NO_WAKEUP;
+
+	if (bpf_ringbuf_query(ringbuf, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
+		flags = BPF_RB_FORCE_WAKEUP;
+	bpf_ringbuf_submit(rec, flags);
+}
+
+#endif

@@ -1,0 +1,210 @@
+"""A BPF object through its whole life: open, set read-only globals, choose programs,
+load, attach, use maps, detach. As a context manager nothing leaks on any path."""
+
+from __future__ import annotations
+
+import errno as _errno
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from ..errors import BpfError, ObjectMissing, PermissionProblem, VerifierError
+from . import _libbpf as L
+from .btf import Btf
+from .maps import Map
+
+__all__ = ["BpfObject", "Link", "Program"]
+
+
+class Link:
+    """An attachment; destroying it detaches the program."""
+
+    def __init__(self, handle: int, program: str) -> None:
+        self._handle: int | None = handle
+        self.program = program
+
+    def destroy(self) -> None:
+        if self._handle:
+            L.lib().bpf_link__destroy(self._handle)
+            self._handle = None
+
+
+class Program:
+    def __init__(self, obj: BpfObject, handle: int) -> None:
+        self._obj = obj
+        self._handle = handle
+        self.name = L.cstr(L.lib().bpf_program__name(handle))
+        self.section = L.cstr(L.lib().bpf_program__section_name(handle))
+
+    @property
+    def autoload(self) -> bool:
+        return bool(L.lib().bpf_program__autoload(self._handle))
+
+    @autoload.setter
+    def autoload(self, on: bool) -> None:
+        ret = L.lib().bpf_program__set_autoload(self._handle, on)
+        if ret:
+            raise BpfError(f"bpf_program__set_autoload({self.name})", L.neg_errno(ret))
+
+    @property
+    def fd(self) -> int:
+        return int(L.lib().bpf_program__fd(self._handle))
+
+    def attach(self) -> Link:
+        """Attach as the section name says (tp_btf/..., tracepoint/..., kprobe/...)."""
+        link = L.lib().bpf_program__attach(self._handle)
+        if not link:
+            raise BpfError(f"attaching {self.name} ({self.section})", L.errno() or _errno.EINVAL)
+        return self._obj._keep(Link(link, self.name))
+
+    def attach_perf_event(self, perf_fd: int) -> Link:
+        """Attach to an open perf event; the link owns (and closes) the fd."""
+        link = L.lib().bpf_program__attach_perf_event(self._handle, perf_fd)
+        if not link:
+            raise BpfError(f"attaching {self.name} to a perf event", L.errno() or _errno.EINVAL)
+        return self._obj._keep(Link(link, self.name))
+
+
+class BpfObject:
+    """One compiled `*.bpf.o`, opened from `path`."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ObjectMissing(str(self.path))
+        self._handle: int | None = None
+        self._links: list[Link] = []
+        self._loaded = False
+        handle = L.lib().bpf_object__open_file(str(self.path).encode(), None)
+        if not handle:
+            raise BpfError(f"opening {self.path}", L.errno() or _errno.EINVAL)
+        self._handle = handle
+        raw_btf = L.lib().bpf_object__btf(handle)
+        size = L.u32_ref(0)
+        data = L.lib().btf__raw_data(raw_btf, L.byref(size)) if raw_btf else None
+        self.btf = Btf(L.read_bytes(data, size.value)) if data else None
+        self.programs: dict[str, Program] = {}
+        prog = L.lib().bpf_object__next_program(handle, None)
+        while prog:
+            p = Program(self, prog)
+            self.programs[p.name] = p
+            prog = L.lib().bpf_object__next_program(handle, prog)
+        self.maps: dict[str, Map] = {}
+        m = L.lib().bpf_object__next_map(handle, None)
+        while m:
+            mp = Map.from_object(m, self.btf)
+            self.maps[mp.name] = mp
+            m = L.lib().bpf_object__next_map(handle, m)
+
+    # ---- before load --------------------------------------------------------------
+
+    def set_rodata(self, values: Mapping[str, Any]) -> None:
+        """Set `const volatile` globals (the tool's settings) before load."""
+        if not values:
+            return
+        if self._loaded:
+            raise RuntimeError("read-only globals are set before load")
+        rodata = next((m for m in self.maps.values() if m.name.endswith(".rodata")), None)
+        if rodata is None or self.btf is None:
+            raise KeyError(f"{self.path.name} has no .rodata section")
+        layout = self.btf.datasec(".rodata")
+        size = L.size_ref()
+        ptr = L.lib().bpf_map__initial_value(rodata.handle, L.byref(size))
+        data = bytearray(L.read_bytes(ptr, size.value))
+        for name, value in values.items():
+            if name not in layout:
+                raise KeyError(f"{self.path.name} has no global {name!r}")
+            off, var_size, tid = layout[name]
+            raw = np.array(value, dtype=self.btf.dtype(tid)).tobytes()
+            data[off : off + var_size] = raw[:var_size]
+        L.write_bytes(ptr, bytes(data))
+
+    def select(self, programs: Iterable[str]) -> None:
+        """Load only these programs (autoload), so one object serves several strategies."""
+        wanted = set(programs)
+        unknown = wanted - self.programs.keys()
+        if unknown:
+            raise KeyError(f"{self.path.name} has no program {sorted(unknown)}")
+        for name, prog in self.programs.items():
+            prog.autoload = name in wanted
+
+    def resize(self, map_name: str, max_entries: int) -> None:
+        ret = L.lib().bpf_map__set_max_entries(self.maps[map_name].handle, max_entries)
+        if ret:
+            raise BpfError(f"resizing map {map_name}", L.neg_errno(ret))
+        self.maps[map_name].max_entries = max_entries
+
+    # ---- load, attach, close --------------------------------------------------------
+
+    def load(self) -> None:
+        L.log_lines.clear()
+        ret = L.lib().bpf_object__load(self._handle)
+        if ret:
+            err = L.neg_errno(ret)
+            if err in (_errno.EPERM, _errno.EACCES) and not _has_bpf_privileges():
+                raise PermissionProblem()
+            failed = self._failed_program()
+            if failed:
+                raise VerifierError(failed, err, list(L.log_lines)[-40:])
+            raise BpfError(f"loading {self.path.name}", err, _last_error_line())
+        self._loaded = True
+        for m in self.maps.values():
+            m.refresh_fd()
+
+    def _failed_program(self) -> str | None:
+        """libbpf names the program whose load failed in its log; find it."""
+        for line in reversed(L.log_lines):
+            for name in self.programs:
+                if f"prog '{name}'" in line and ("failed to load" in line or "-- BEGIN" in line):
+                    return name
+        return None
+
+    def attach(self, programs: Iterable[str] | None = None) -> list[Link]:
+        names = [p for p in self.programs if self.programs[p].autoload] if programs is None else programs
+        return [self.programs[n].attach() for n in names]
+
+    def _keep(self, link: Link) -> Link:
+        self._links.append(link)
+        return link
+
+    def detach(self) -> None:
+        while self._links:
+            self._links.pop().destroy()
+
+    def close(self) -> None:
+        self.detach()
+        if self._handle:
+            L.lib().bpf_object__close(self._handle)
+            self._handle = None
+            for m in self.maps.values():
+                m.invalidate()
+
+    def __enter__(self) -> BpfObject:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nothing useful to do
+            pass
+
+
+def _last_error_line() -> str:
+    for line in reversed(L.log_lines):
+        if line.strip():
+            return line.strip().removeprefix("libbpf: ")
+    return ""
+
+
+def _has_bpf_privileges() -> bool:
+    from ..system import has_bpf_privileges
+
+    return has_bpf_privileges()

@@ -1,0 +1,71 @@
+"""`meridian`: one sub-command per tool."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from . import __version__
+from .errors import MeridianError
+
+__all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad input is one line and exit code 2, never a usage dump or a traceback."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _tools() -> list[Any]:
+    from .tools import biolat, doctor
+
+    return [biolat, doctor]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="meridian",
+        description="Linux kernel observability with eBPF.",
+        epilog="run 'meridian doctor' to see what this kernel allows",
+    )
+    parser.add_argument("--version", action="version", version=f"meridian {__version__}")
+    sub = parser.add_subparsers(dest="tool", metavar="TOOL", parser_class=_Parser)
+    sub.required = True
+    for tool in _tools():
+        p = tool.add_parser(sub)
+        p.set_defaults(func=tool.run)
+    return parser
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # same path as Ctrl-C: summary, then detach
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        if getattr(args, "verbose", False):
+            from .bpf import _libbpf
+
+            _libbpf.set_echo(lambda line: print(line, file=sys.stderr))
+        return func(args)
+    except MeridianError as exc:
+        print(f"meridian {args.tool}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        sys.stderr.close()  # reader went away (| head): quietly
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

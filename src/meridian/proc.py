@@ -1,0 +1,70 @@
+"""/proc and /sys lookups as small pure functions; the roots are parameters so tests
+run against fixture trees."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = [
+    "comm_of",
+    "dev_major",
+    "dev_minor",
+    "device_name",
+    "kernel_dev",
+    "parse_device",
+]
+
+MINORBITS = 20
+
+
+def kernel_dev(major: int, minor: int) -> int:
+    """The kernel's internal dev_t (what tracepoints and bpf programs see)."""
+    return (major << MINORBITS) | minor
+
+
+def dev_major(dev: int) -> int:
+    return dev >> MINORBITS
+
+
+def dev_minor(dev: int) -> int:
+    return dev & ((1 << MINORBITS) - 1)
+
+
+def device_name(dev: int, sys_root: str | Path = "/sys") -> str:
+    """`loop0`, `vda`, `nvme0n1p1` for a kernel dev_t; `major:minor` when /sys has no name."""
+    mm = f"{dev_major(dev)}:{dev_minor(dev)}"
+    link = Path(sys_root) / "dev" / "block" / mm
+    try:
+        for line in (link / "uevent").read_text().splitlines():
+            if line.startswith("DEVNAME="):
+                return line.split("=", 1)[1].rsplit("/", 1)[-1]
+        return os.path.basename(os.readlink(link))
+    except OSError:
+        return mm
+
+
+def parse_device(text: str, sys_root: str | Path = "/sys") -> int:
+    """`loop0`, `/dev/loop0` or `7:0` to a kernel dev_t; ValueError names what is wrong."""
+    spec = text.strip()
+    if ":" in spec:
+        major, _, minor = spec.partition(":")
+        if not (major.isdigit() and minor.isdigit()):
+            raise ValueError(f"device {text!r} is not MAJOR:MINOR")
+        return kernel_dev(int(major), int(minor))
+    name = spec.removeprefix("/dev/")
+    dev_file = Path(sys_root) / "class" / "block" / name / "dev"
+    try:
+        major, _, minor = dev_file.read_text().strip().partition(":")
+        return kernel_dev(int(major), int(minor))
+    except (OSError, ValueError):
+        known = sorted(p.name for p in (Path(sys_root) / "class" / "block").glob("*"))
+        hint = f" (known: {', '.join(known[:12])})" if known else ""
+        raise ValueError(f"no block device {text!r}{hint}") from None
+
+
+def comm_of(pid: int, proc_root: str | Path = "/proc") -> str | None:
+    try:
+        return (Path(proc_root) / str(pid) / "comm").read_text().strip()
+    except OSError:
+        return None

@@ -1,0 +1,71 @@
+"""The host around the tools: privileges, tracefs, BTF, locked-memory limit."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+from pathlib import Path
+
+from .errors import NoBTF, PermissionProblem, TracefsMissing
+
+__all__ = ["ensure_ready", "ensure_tracefs", "has_bpf_privileges", "kernel_btf_path", "raise_memlock"]
+
+CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
+TRACEFS = Path("/sys/kernel/tracing")
+KERNEL_BTF = Path("/sys/kernel/btf/vmlinux")
+
+
+def effective_caps(status: str = "/proc/self/status") -> int:
+    for line in Path(status).read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def has_bpf_privileges(status: str = "/proc/self/status") -> bool:
+    caps = effective_caps(status)
+    if caps & (1 << CAP_SYS_ADMIN):
+        return True
+    return bool(caps & (1 << CAP_BPF)) and bool(caps & (1 << CAP_PERFMON))
+
+
+def kernel_btf_path() -> Path:
+    return KERNEL_BTF
+
+
+def ensure_tracefs(root: Path = TRACEFS) -> Path:
+    """Mount tracefs at /sys/kernel/tracing when it is not there yet."""
+    if (root / "events").is_dir():
+        return root
+    legacy = Path("/sys/kernel/debug/tracing")
+    if (legacy / "events").is_dir():
+        return legacy
+    proc = subprocess.run(
+        ["mount", "-t", "tracefs", "tracefs", str(root)], capture_output=True, text=True
+    )
+    if proc.returncode != 0 or not (root / "events").is_dir():
+        raise TracefsMissing(proc.stderr.strip())
+    return root
+
+
+def raise_memlock() -> None:
+    """Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK."""
+    try:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    except (ValueError, OSError):
+        pass
+
+
+def ensure_ready() -> None:
+    """What every tool needs before it loads a program, told plainly when missing."""
+    if not has_bpf_privileges():
+        raise PermissionProblem()
+    if not KERNEL_BTF.exists():
+        raise NoBTF(str(KERNEL_BTF))
+    raise_memlock()
+    ensure_tracefs()
+
+
+def online_cpu_count() -> int:
+    return len(os.sched_getaffinity(0))

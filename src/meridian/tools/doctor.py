@@ -1,0 +1,89 @@
+"""meridian doctor: what this kernel allows, which strategy each tool will use, and
+what is missing with how to fix it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+from typing import Any
+
+from ..bpf import features
+from ..errors import MeridianError
+from ..output import JsonWriter
+from ..system import KERNEL_BTF, ensure_tracefs, has_bpf_privileges, raise_memlock
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "doctor",
+        help="what this kernel allows and which strategy each tool uses",
+        description="Probe the kernel: each BPF feature is loaded and attached for real.",
+        epilog="examples:\n  meridian doctor\n  meridian doctor --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    return p
+
+
+def _strategies() -> dict[str, str]:
+    from . import biolat
+
+    out = {}
+    for tool, strategies in (("biolat", biolat.STRATEGIES),):
+        try:
+            out[tool] = features.choose(strategies).name
+        except MeridianError as exc:
+            out[tool] = f"none ({exc})"
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    report: dict[str, Any] = {
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "privileges": has_bpf_privileges(),
+        "btf": KERNEL_BTF.exists(),
+    }
+    try:
+        report["tracefs"] = str(ensure_tracefs())
+    except MeridianError as exc:
+        report["tracefs"] = None
+        report["tracefs_error"] = str(exc)
+    raise_memlock()
+    probes = {}
+    can_run = report["privileges"] and report["btf"]
+    if can_run:
+        probes = {name: features.probe(name) for name in features.FEATURES}
+        report["features"] = {
+            n: {"ok": p.ok, "detail": p.detail, "fix": p.fix} for n, p in probes.items()
+        }
+        report["strategies"] = _strategies()
+    runnable = can_run and any(p.ok for n, p in probes.items() if n in ("tracepoint", "tp_btf"))
+    report["can_run"] = bool(runnable)
+    if args.json:
+        JsonWriter(sys.stdout).write(report)
+        return 0 if runnable else 1
+    yes = lambda ok: "yes" if ok else "no "  # noqa: E731
+    print(f"kernel      {report['kernel']} ({report['machine']})")
+    print(f"privileges  {yes(report['privileges'])}  "
+          + ("" if report["privileges"] else "needs root or CAP_BPF+CAP_PERFMON: run with sudo"))
+    print(f"BTF         {yes(report['btf'])}  {KERNEL_BTF}"
+          + ("" if report["btf"] else ": needs CONFIG_DEBUG_INFO_BTF=y"))
+    print(f"tracefs     {yes(report['tracefs'] is not None)}  "
+          + (report["tracefs"] or report.get("tracefs_error", "")))
+    if probes:
+        print("\nfeatures")
+        for name, p in probes.items():
+            fix = f"  ({p.fix})" if (p.fix and not p.ok) else ""
+            print(f"  {name:<11} {yes(p.ok)}  {features.FEATURES[name]}: {p.detail}{fix}")
+        print("\nstrategies")
+        for tool, strategy in report["strategies"].items():
+            print(f"  {tool:<11} {strategy}")
+    print("\n" + ("ready: the tools can run here" if runnable else "nothing can run here: fix the lines marked no"))
+    if os.geteuid() != 0 and not report["privileges"]:
+        return 1
+    return 0 if runnable else 1
