@@ -1,18 +1,18 @@
 """Every error Meridian raises on purpose, in one tree.
 
-    MeridianError                 one line a person can act on; `exit_code` for the CLI
-    ├── UsageError                bad input on the command line (exit 2)
-    ├── EnvironmentProblem        the host cannot run the tool as it is (exit 2)
-    │   ├── PermissionProblem     not root / missing CAP_BPF + CAP_PERFMON
-    │   ├── NoBTF                 no /sys/kernel/btf/vmlinux
-    │   ├── TracefsMissing        tracefs absent and cannot be mounted
-    │   ├── ObjectMissing         the compiled BPF object is not built
-    │   ├── LibbpfMissing         no libbpf.so.1 on the system
-    │   └── ExtraMissing          an optional Python extra is not installed
-    ├── NotSupported              a kernel feature is absent; tools catch it and fall back
-    └── BpfError                  a libbpf call failed: call, errno, detail
-        ├── VerifierError         the verifier rejected a program (log tail attached)
-        └── MapFull               a map update failed for lack of room
+MeridianError                 one line a person can act on; `exit_code` for the CLI
+├── UsageError                bad input on the command line (exit 2)
+├── EnvironmentProblem        the host cannot run the tool as it is (exit 2)
+│   ├── PermissionProblem     not root / missing CAP_BPF + CAP_PERFMON
+│   ├── NoBTF                 no /sys/kernel/btf/vmlinux
+│   ├── TracefsMissing        tracefs absent and cannot be mounted
+│   ├── ObjectMissing         the compiled BPF object is not built
+│   ├── LibbpfMissing         no libbpf.so.1 on the system
+│   └── ExtraMissing          an optional Python extra is not installed
+├── NotSupported              a kernel feature is absent; tools catch it and fall back
+└── BpfError                  a libbpf call failed: call, errno, detail
+    ├── VerifierError         the verifier rejected a program (log tail attached)
+    └── MapFull               a map update failed for lack of room
 """
 
 from __future__ import annotations

@@ -51,10 +51,14 @@ def fmt_bytes(n: float) -> str:
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -> None:
     """Left-aligned first column, right-aligned numbers, like bcc's tables."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
+    ]
 
     def line(cells: Sequence[str]) -> str:
-        parts = [cells[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:])]
+        parts = [cells[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)
+        ]
         return "  ".join(parts).rstrip()
 
     print(line(header), file=out)

@@ -39,6 +39,9 @@ def device_name(dev: int, sys_root: str | Path = "/sys") -> str:
         for line in (link / "uevent").read_text().splitlines():
             if line.startswith("DEVNAME="):
                 return line.split("=", 1)[1].rsplit("/", 1)[-1]
+    except OSError:
+        pass
+    try:
         return os.path.basename(os.readlink(link))
     except OSError:
         return mm

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import subprocess
@@ -9,7 +10,13 @@ from pathlib import Path
 
 from .errors import NoBTF, PermissionProblem, TracefsMissing
 
-__all__ = ["ensure_ready", "ensure_tracefs", "has_bpf_privileges", "kernel_btf_path", "raise_memlock"]
+__all__ = [
+    "ensure_ready",
+    "ensure_tracefs",
+    "has_bpf_privileges",
+    "kernel_btf_path",
+    "raise_memlock",
+]
 
 CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
 TRACEFS = Path("/sys/kernel/tracing")
@@ -51,10 +58,9 @@ def ensure_tracefs(root: Path = TRACEFS) -> Path:
 
 def raise_memlock() -> None:
     """Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK."""
-    try:
-        resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
-    except (ValueError, OSError):
-        pass
+    unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, unlimited)
 
 
 def ensure_ready() -> None:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-__all__ = ["Btf", "BtfType", "BtfFormatError"]
+__all__ = ["Btf", "BtfFormatError", "BtfType"]
 
 BTF_MAGIC = 0xEB9F
 KIND_INT, KIND_PTR, KIND_ARRAY, KIND_STRUCT, KIND_UNION, KIND_ENUM = 1, 2, 3, 4, 5, 6
@@ -97,7 +98,7 @@ class Btf:
                     p_name, p_type = struct.unpack_from("<II", data, pos)
                     t.members.append((self._str(p_name), p_type))
                     pos += 8
-            elif kind == KIND_VAR or kind == KIND_DECL_TAG:
+            elif kind in (KIND_VAR, KIND_DECL_TAG):
                 pos += 4
             elif kind == KIND_DATASEC:
                 for _ in range(vlen):
@@ -136,15 +137,16 @@ class Btf:
             tid = self.find(name, KIND_ENUM)
         except KeyError:
             tid = self.find(name, KIND_ENUM64)
-        return {str(n): int(v) for n, v in self.types[tid].members}  # type: ignore[call-overload]
+        return {str(m[0]): _int(m[1]) for m in self.types[tid].members}
 
     def datasec(self, name: str) -> dict[str, tuple[int, int, int]]:
         """Variables of a data section: name -> (offset, size, type id)."""
         sec = self.types[self.find(name, KIND_DATASEC)]
         out = {}
-        for var_tid, off, size in sec.members:
-            var = self.types[int(var_tid)]  # type: ignore[call-overload]
-            out[var.name] = (int(off), int(size), var.size_or_type)  # type: ignore[call-overload]
+        for member in sec.members:
+            var_tid, off, size = map(_int, member)
+            var = self.types[var_tid]
+            out[var.name] = (off, size, var.size_or_type)
         return out
 
     # ---- numpy dtypes -------------------------------------------------------------
@@ -171,24 +173,35 @@ class Btf:
         if t.kind == KIND_ARRAY:
             elem_tid, _, n = t.info
             elem = self.types[self.resolve(elem_tid)]
-            if elem.kind == KIND_INT and elem.size_or_type == 1:
-                if elem.info[0] & INT_CHAR or elem.name == "char":
-                    return np.dtype(f"S{n}")  # C strings decode as bytes
+            if (
+                elem.kind == KIND_INT
+                and elem.size_or_type == 1
+                and (elem.info[0] & INT_CHAR or elem.name == "char")
+            ):
+                return np.dtype(f"S{n}")  # C strings decode as bytes
             return np.dtype((self.dtype(elem_tid), (n,)))
         if t.kind == KIND_STRUCT:
-            names, formats, offsets = [], [], []
-            for m_name, m_type, bit_off, bits in t.members:
-                if bits or int(bit_off) % 8:  # type: ignore[call-overload]
+            names: list[str] = []
+            formats: list[np.dtype[Any]] = []
+            offsets: list[int] = []
+            for member in t.members:
+                m_name, m_type, bit_off, bits = (str(member[0]), *map(_int, member[1:]))
+                if bits or bit_off % 8:
                     raise BtfFormatError(f"{t.name}.{m_name}: bitfields cannot be decoded")
-                m_dt = self.dtype(int(m_type))  # type: ignore[call-overload]
+                m_dt = self.dtype(m_type)
                 if m_dt.itemsize == 0:
                     continue  # flexible array member
-                names.append(str(m_name) or f"_anon{len(names)}")
+                names.append(m_name or f"_anon{len(names)}")
                 formats.append(m_dt)
-                offsets.append(int(bit_off) // 8)  # type: ignore[call-overload]
+                offsets.append(bit_off // 8)
             return np.dtype(
                 {"names": names, "formats": formats, "offsets": offsets, "itemsize": t.size_or_type}
             )
         if t.kind == KIND_UNION:
             return np.dtype(f"V{t.size_or_type}")
         raise BtfFormatError(f"type {t.name or tid} (kind {t.kind}) has no numpy dtype")
+
+
+def _int(x: object) -> int:
+    assert isinstance(x, int)
+    return x

@@ -32,7 +32,9 @@ __all__ = [
     "require",
 ]
 
-OBJ_DIR = Path(os.environ.get("MERIDIAN_BPF_DIR", Path(__file__).resolve().parent.parent / "bpfobj"))
+OBJ_DIR = Path(
+    os.environ.get("MERIDIAN_BPF_DIR", Path(__file__).resolve().parent.parent / "bpfobj")
+)
 
 
 def object_path(name: str) -> Path:

@@ -131,7 +131,8 @@ class Map:
         while L.lib().bpf_map_get_next_key(self.fd, prev, nxt) == 0:
             out.append(nxt.raw)
             prev = L.buffer_from(nxt.raw)
-        return np.frombuffer(b"".join(out), dtype=self.key_dtype).copy()
+        keys: np.ndarray[Any, Any] = np.frombuffer(b"".join(out), dtype=self.key_dtype).copy()
+        return keys
 
     # ---- whole map --------------------------------------------------------------------
 
@@ -165,15 +166,18 @@ class Map:
         chunk = max(self.max_entries, 1)
         keys = L.buffer(self.key_dtype.itemsize * chunk)
         vals = L.buffer(self._slot_dtype.itemsize * self.ncpus * chunk)
-        token_in, token_out = L.buffer(max(self.key_dtype.itemsize, 8)), L.buffer(
-            max(self.key_dtype.itemsize, 8)
+        token_in, token_out = (
+            L.buffer(max(self.key_dtype.itemsize, 8)),
+            L.buffer(max(self.key_dtype.itemsize, 8)),
         )
         kparts: list[bytes] = []
         vparts: list[bytes] = []
         first = True
         while True:
             count = L.u32_ref(chunk)
-            ret = fn(self.fd, None if first else token_in, token_out, keys, vals, L.byref(count), None)
+            ret = fn(
+                self.fd, None if first else token_in, token_out, keys, vals, L.byref(count), None
+            )
             err = L.neg_errno(ret) if ret else 0
             n = count.value
             if err and err != _errno.ENOENT:
@@ -188,9 +192,8 @@ class Map:
             first = False
         kraw, vraw = b"".join(kparts), b"".join(vparts)
         n_total = len(kraw) // self.key_dtype.itemsize
-        return np.frombuffer(kraw, dtype=self.key_dtype).copy(), self._decode_values(
-            vraw, n_total
-        ).copy()
+        keys_arr: np.ndarray[Any, Any] = np.frombuffer(kraw, dtype=self.key_dtype).copy()
+        return keys_arr, self._decode_values(vraw, n_total).copy()
 
 
 class _BatchUnsupported(Exception):

@@ -3,6 +3,7 @@ load, attach, use maps, detach. As a context manager nothing leaks on any path."
 
 from __future__ import annotations
 
+import contextlib
 import errno as _errno
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -163,7 +164,11 @@ class BpfObject:
         return None
 
     def attach(self, programs: Iterable[str] | None = None) -> list[Link]:
-        names = [p for p in self.programs if self.programs[p].autoload] if programs is None else programs
+        names = (
+            [p for p in self.programs if self.programs[p].autoload]
+            if programs is None
+            else programs
+        )
         return [self.programs[n].attach() for n in names]
 
     def _keep(self, link: Link) -> Link:
@@ -191,10 +196,8 @@ class BpfObject:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown: nothing to do
             self.close()
-        except Exception:  # interpreter shutdown: nothing useful to do
-            pass
 
 
 def _last_error_line() -> str:

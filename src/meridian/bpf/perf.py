@@ -9,7 +9,7 @@ import struct
 from ..errors import BpfError, NotSupported
 from . import _libbpf as L
 
-__all__ = ["PerfEvent", "open_per_cpu", "online_cpus", "perf_event_attr"]
+__all__ = ["PerfEvent", "online_cpus", "open_per_cpu", "perf_event_attr"]
 
 PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE = 0, 1
 ATTR_SIZE = 128  # PERF_ATTR_SIZE_VER7; the kernel accepts any known size
@@ -36,16 +36,15 @@ def perf_event_attr(
 ) -> bytes:
     """A `struct perf_event_attr`: sample every `sample_period` events, or `freq` per second."""
     flags = (FLAG_DISABLED if disabled else 0) | (FLAG_FREQ if freq else 0)
-    head = struct.pack(
-        "<IIQQQQQ", ev_type, ATTR_SIZE, config, freq or sample_period, 0, 0, flags
-    )
+    head = struct.pack("<IIQQQQQ", ev_type, ATTR_SIZE, config, freq or sample_period, 0, 0, flags)
     return head + bytes(ATTR_SIZE - len(head))
 
 
 def online_cpus(path: str = "/sys/devices/system/cpu/online") -> list[int]:
     """CPU numbers from a list such as `0-3,6`."""
     try:
-        text = open(path).read().strip()
+        with open(path) as f:
+            text = f.read().strip()
     except OSError:
         return list(range(os.cpu_count() or 1))
     cpus: list[int] = []
@@ -72,7 +71,9 @@ def open_per_cpu(
                         f"perf_event_open refused ({os.strerror(err)})",
                         "use bare metal or a VM with a virtual PMU",
                     )
-                raise BpfError(f"perf_event_open(type={event[0]}, config={event[1]}, cpu={cpu})", err)
+                raise BpfError(
+                    f"perf_event_open(type={event[0]}, config={event[1]}, cpu={cpu})", err
+                )
             fds.append(fd)
     except BaseException:
         for fd in fds:

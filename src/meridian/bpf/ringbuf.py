@@ -16,6 +16,7 @@ timer, so a quiet ring costs nothing and a busy one is read in large batches.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import select
@@ -34,15 +35,15 @@ HDR_SIZE = 8
 
 
 class RingBuffer:
-    def __init__(self, ring: Map, dtype: np.dtype[Any], data_fd: int | None = None) -> None:
-        """`dtype` is the record layout (from BTF); every record has that size."""
+    def __init__(self, fd: int, size: int, dtype: np.dtype[Any]) -> None:
+        """`fd` is a ring buffer map of `size` data bytes; `dtype` is the record layout
+        (from BTF). Every record has that size; others are skipped and counted."""
         self.dtype = dtype
-        self.size = ring.max_entries
+        self.size = size
         self.mask = self.size - 1
         self.page = mmap.PAGESIZE
         self.stride = (HDR_SIZE + dtype.itemsize + 7) & ~7
         self.bad_records = 0  # records of another size: skipped and counted
-        fd = ring.fd if data_fd is None else data_fd
         self._cons = mmap.mmap(fd, self.page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._data = mmap.mmap(
             fd, self.page + 2 * self.size, mmap.MAP_SHARED, mmap.PROT_READ, offset=self.page
@@ -56,10 +57,15 @@ class RingBuffer:
             }
         )
         self._epoll = select.epoll()
-        self._epoll.register(fd, select.EPOLLIN)
+        with contextlib.suppress(PermissionError):  # a plain file (tests) cannot be polled
+            self._epoll.register(fd, select.EPOLLIN)
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll.register(self._wake, select.EPOLLIN)
         self.closed = False
+
+    @classmethod
+    def of_map(cls, ring: Map, dtype: np.dtype[Any]) -> RingBuffer:
+        return cls(ring.fd, ring.max_entries, dtype)
 
     # ---- positions ----------------------------------------------------------------
 
@@ -94,7 +100,7 @@ class RingBuffer:
             framed = np.frombuffer(self._data, dtype=self._framed, count=n, offset=start)
             ok = framed["len"] == self.dtype.itemsize
             if ok.all():
-                out = framed["rec"].copy()
+                out: np.ndarray[Any, Any] = framed["rec"].copy()
                 self._advance(cons + n * self.stride)
                 if n * self.stride == avail:
                     return out
@@ -123,7 +129,8 @@ class RingBuffer:
                     self.bad_records += 1
             cons += (HDR_SIZE + length + 7) & ~7
         self._advance(cons)
-        return np.frombuffer(b"".join(recs), dtype=self.dtype).copy()
+        out: np.ndarray[Any, Any] = np.frombuffer(b"".join(recs), dtype=self.dtype).copy()
+        return out
 
     def _advance(self, pos: int) -> None:
         struct.pack_into("<Q", self._cons, 0, pos)

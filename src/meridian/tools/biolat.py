@@ -156,7 +156,9 @@ class Biolat:
             obj.attach()
             if o.slow_ms is not None:
                 assert obj.btf is not None
-                self.ring = RingBuffer(obj.maps["events"], obj.btf.struct_dtype("biolat_event"))
+                self.ring = RingBuffer.of_map(
+                    obj.maps["events"], obj.btf.struct_dtype("biolat_event")
+                )
         except BaseException:
             obj.close()
             raise
@@ -176,10 +178,10 @@ class Biolat:
             (int(k["dev"]), int(k["op"]), int(k["kind"]), int(k["size_slot"])): Cell(
                 v["slots"].astype(np.uint64), int(v["sum"]), int(v["max"]), int(v["bytes"])
             )
-            for k, v in zip(keys, vals)
+            for k, v in zip(keys, vals, strict=True)
         }
         dkeys, dvals = self.obj.maps["depth"].items()
-        inflight = {int(k): int(v["inflight"]) for k, v in zip(dkeys, dvals)}
+        inflight = {int(k): int(v["inflight"]) for k, v in zip(dkeys, dvals, strict=True)}
         per_cpu = self.obj.maps["counters"].lookup(0)
         counters = {n: int(per_cpu[n].sum()) for n in per_cpu.dtype.names}
         if self.ring is not None:
@@ -196,7 +198,9 @@ class Biolat:
 # ---- views ---------------------------------------------------------------------------
 
 
-def _group(snap: Snapshot, kind: int, per_disk: bool) -> dict[tuple[int | None, int], list[tuple[int, Cell]]]:
+def _group(
+    snap: Snapshot, kind: int, per_disk: bool
+) -> dict[tuple[int | None, int], list[tuple[int, Cell]]]:
     groups: dict[tuple[int | None, int], list[tuple[int, Cell]]] = defaultdict(list)
     for (dev, op, k, size_slot), cell in sorted(snap.cells.items()):
         if k == kind:
@@ -267,11 +271,15 @@ def device_rows(snap: Snapshot, opts: Options) -> list[Row]:
 
 
 def report_json(snap: Snapshot, opts: Options) -> dict[str, Any]:
-    out: dict[str, Any] = {"time": iso_now(), "interval_s": round(snap.seconds, 6), "unit": opts.unit}
+    out: dict[str, Any] = {
+        "time": iso_now(),
+        "interval_s": round(snap.seconds, 6),
+        "unit": opts.unit,
+    }
     devices = []
     size_groups = _group(snap, KIND_LATENCY, opts.per_disk)
     queue_groups = _group(snap, KIND_QUEUE, opts.per_disk)
-    for row, ((dev, op), cells) in zip(device_rows(snap, opts), size_groups.items()):
+    for row, ((dev, op), cells) in zip(device_rows(snap, opts), size_groups.items(), strict=True):
         d = row.as_dict()
         d["sizes"] = _size_hist(cells).to_json()
         d["latency_by_size"] = [
@@ -304,7 +312,9 @@ def depth_rows(snap: Snapshot) -> dict[int, dict[str, Any]]:
             by_dev[dev].append(cell)
     out = {}
     for dev, cells in sorted(by_dev.items()):
-        h = Log2Hist.merge((Log2Hist(c.slots, "depth") for c in cells), len(cells[0].slots), "depth")
+        h = Log2Hist.merge(
+            (Log2Hist(c.slots, "depth") for c in cells), len(cells[0].slots), "depth"
+        )
         n = h.total
         out[dev] = {
             "inflight": snap.inflight.get(dev, 0),
@@ -343,7 +353,9 @@ def report_text(snap: Snapshot, opts: Options, out: TextIO) -> None:
     _stats_text(snap, opts, out)
     lost = {k: v for k, v in snap.counters.items() if v}
     if lost:
-        print("lost: " + ", ".join(f"{k}={v}" for k, v in lost.items()) + _lost_hint(lost), file=out)
+        print(
+            "lost: " + ", ".join(f"{k}={v}" for k, v in lost.items()) + _lost_hint(lost), file=out
+        )
 
 
 def _lost_hint(lost: dict[str, int]) -> str:
@@ -352,12 +364,17 @@ def _lost_hint(lost: dict[str, int]) -> str:
     return ""
 
 
-def _sizes_text(groups: dict[tuple[int | None, int], list[tuple[int, Cell]]], opts: Options, out: TextIO) -> None:
+def _sizes_text(
+    groups: dict[tuple[int | None, int], list[tuple[int, Cell]]], opts: Options, out: TextIO
+) -> None:
     for (dev, op), cells in groups.items():
         head = f"disk = {_disk(dev)}, " if opts.per_disk else ""
         count = sum(c.count for _, c in cells)
         avg = sum(c.bytes for _, c in cells) / count if count else 0
-        print(f"\n{head}op = {OPS[min(op, len(OPS) - 1)]}, request sizes (avg {fmt_bytes(avg)})", file=out)
+        print(
+            f"\n{head}op = {OPS[min(op, len(OPS) - 1)]}, request sizes (avg {fmt_bytes(avg)})",
+            file=out,
+        )
         print(_size_hist(cells).render("bytes"), file=out)
         rows = [
             [
@@ -401,7 +418,10 @@ def _stats_text(snap: Snapshot, opts: Options, out: TextIO) -> None:
     )
 
 
-SLOW_HEADER = f"{'TIME':<15} {'COMM':<16} {'PID':>7} {'DISK':<8} {'T':<4} {'SECTOR':>12} {'BYTES':>8} {'LAT(ms)':>9}"
+SLOW_HEADER = (
+    f"{'TIME':<15} {'COMM':<16} {'PID':>7} {'DISK':<8} {'T':<4} "
+    f"{'SECTOR':>12} {'BYTES':>8} {'LAT(ms)':>9}"
+)
 
 
 def slow_records(events: np.ndarray[Any, Any]) -> Iterator[dict[str, Any]]:
@@ -484,7 +504,9 @@ def _positive(value: str | None, what: str, integer: bool = False) -> float | No
     try:
         num = int(value) if integer else float(value)
     except ValueError:
-        raise UsageError(f"{what} must be a {'whole ' if integer else ''}number, got {value!r}") from None
+        raise UsageError(
+            f"{what} must be a {'whole ' if integer else ''}number, got {value!r}"
+        ) from None
     if num <= 0 or num != num:
         raise UsageError(f"{what} must be greater than 0, got {value!r}")
     return num
@@ -560,7 +582,9 @@ def run_options(opts: Options, out: TextIO) -> int:
             if opts.slow_ms is not None:
                 print(SLOW_HEADER, file=out)
         out.flush()
-        total = opts.duration or (opts.interval * opts.count if opts.interval and opts.count else None)
+        total = opts.duration or (
+            opts.interval * opts.count if opts.interval and opts.count else None
+        )
         with _workload(opts.workload, total):
             _loop(tool, opts, out, json_out)
     return 0
@@ -616,4 +640,3 @@ def _print_slow(recs: np.ndarray[Any, Any], out: TextIO, json_out: JsonWriter | 
         else:
             print(slow_line(r), file=out)
     out.flush()
-

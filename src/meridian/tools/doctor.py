@@ -41,6 +41,10 @@ def _strategies() -> dict[str, str]:
     return out
 
 
+def yes(ok: object) -> str:
+    return "yes" if ok else "no "
+
+
 def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {
         "kernel": platform.release(),
@@ -67,14 +71,19 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         JsonWriter(sys.stdout).write(report)
         return 0 if runnable else 1
-    yes = lambda ok: "yes" if ok else "no "  # noqa: E731
     print(f"kernel      {report['kernel']} ({report['machine']})")
-    print(f"privileges  {yes(report['privileges'])}  "
-          + ("" if report["privileges"] else "needs root or CAP_BPF+CAP_PERFMON: run with sudo"))
-    print(f"BTF         {yes(report['btf'])}  {KERNEL_BTF}"
-          + ("" if report["btf"] else ": needs CONFIG_DEBUG_INFO_BTF=y"))
-    print(f"tracefs     {yes(report['tracefs'] is not None)}  "
-          + (report["tracefs"] or report.get("tracefs_error", "")))
+    print(
+        f"privileges  {yes(report['privileges'])}  "
+        + ("" if report["privileges"] else "needs root or CAP_BPF+CAP_PERFMON: run with sudo")
+    )
+    print(
+        f"BTF         {yes(report['btf'])}  {KERNEL_BTF}"
+        + ("" if report["btf"] else ": needs CONFIG_DEBUG_INFO_BTF=y")
+    )
+    print(
+        f"tracefs     {yes(report['tracefs'] is not None)}  "
+        + (report["tracefs"] or report.get("tracefs_error", ""))
+    )
     if probes:
         print("\nfeatures")
         for name, p in probes.items():
@@ -83,7 +92,14 @@ def run(args: argparse.Namespace) -> int:
         print("\nstrategies")
         for tool, strategy in report["strategies"].items():
             print(f"  {tool:<11} {strategy}")
-    print("\n" + ("ready: the tools can run here" if runnable else "nothing can run here: fix the lines marked no"))
+    print(
+        "\n"
+        + (
+            "ready: the tools can run here"
+            if runnable
+            else "nothing can run here: fix the lines marked no"
+        )
+    )
     if os.geteuid() != 0 and not report["privileges"]:
         return 1
     return 0 if runnable else 1

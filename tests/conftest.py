@@ -1,0 +1,65 @@
+"""Shared fixtures. Kernel tests carry the `kernel` marker: they are skipped (with the
+reason) where BPF cannot run, unless MERIDIAN_REQUIRE_BPF=1, which makes them fail
+instead, so CI really runs them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from meridian.bpf import object_path
+from meridian.proc import kernel_dev
+
+REQUIRE_BPF = os.environ.get("MERIDIAN_REQUIRE_BPF") == "1"
+
+
+def bpf_unavailable() -> str | None:
+    """Why kernel tests cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "not root"
+    if not Path("/sys/kernel/btf/vmlinux").exists():
+        return "kernel has no BTF"
+    if not object_path("biolat").exists():
+        return "BPF objects not built (make bpf)"
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("kernel") is None:
+        return
+    reason = bpf_unavailable()
+    if reason is None:
+        return
+    if REQUIRE_BPF:
+        pytest.fail(f"kernel test cannot run ({reason}) and MERIDIAN_REQUIRE_BPF=1")
+    pytest.skip(f"kernel test: {reason}")
+
+
+@dataclass
+class LoopDevice:
+    path: str  # /dev/loopN
+    name: str  # loopN
+    dev: int  # kernel dev_t
+    backing: Path
+
+
+@pytest.fixture
+def loop_device(tmp_path: Path) -> Iterator[LoopDevice]:
+    """A 64 MiB loop device on a file, detached even when the test fails."""
+    backing = tmp_path / "disk.img"
+    with open(backing, "wb") as f:
+        f.truncate(64 << 20)
+    path = subprocess.run(
+        ["losetup", "--find", "--show", str(backing)], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    try:
+        name = os.path.basename(path)
+        major, minor = Path(f"/sys/class/block/{name}/dev").read_text().strip().split(":")
+        yield LoopDevice(path, name, kernel_dev(int(major), int(minor)), backing)
+    finally:
+        subprocess.run(["losetup", "-d", path], check=False)
