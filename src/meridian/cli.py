@@ -22,9 +22,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _tools() -> list[Any]:
-    from .tools import biolat, doctor
+    from .tools import biolat, doctor, io
 
-    return [biolat, doctor]
+    return [biolat, doctor, io]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,461 @@
+// SPDX-License-Identifier: GPL-2.0
+/* meridian io: every read and write on a regular file, per thread, with its latency
+ * and whether the page cache served it.
+ *
+ * Three strategies for the syscall side, picked at run time by autoload:
+ *   fentry_* / fexit_*: vfs_read and vfs_write (the file pointer is an argument);
+ *   raw_*:              tp_btf raw syscalls sys_enter/sys_exit with a syscall-id filter;
+ *   tp_*:               the syscalls:sys_enter_* / sys_exit_* tracepoints.
+ * The disk signals are shared by all three: a page inserted into the page cache by the
+ * thread (filemap:mm_filemap_add_to_page_cache), a bio it submits (block:block_bio_queue)
+ * and the time it sleeps in I/O wait (sched_switch with in_iowait), each only while
+ * the thread has a read or write in flight. An operation with none of them is cached.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "bits.bpf.h"
+#include "maps.bpf.h"
+#include "io.h"
+
+#define S_IFMT 0170000
+#define S_IFREG 0100000
+#define PAGE_SIZE_BYTES 4096
+
+const volatile bool filter_pid = false;		/* only PIDs in `pids` */
+const volatile bool filter_comm = false;	/* only comms in `comms` */
+const volatile __u32 self_pid = 0;		/* the agent: never traced */
+const volatile bool events_on = true;
+const volatile bool disk_only = false;
+const volatile __u64 min_latency_ns = 0;
+const volatile __u64 wakeup_bytes = 1;
+
+/* An operation in flight on a thread, and the disk signals seen meanwhile. */
+struct fileio_inflight {
+	__u64 start_ns;
+	__u64 bytes_requested;
+	__u64 ino;
+	__u64 pages;		/* page-cache pages inserted by this thread */
+	__u64 bio_bytes;	/* bytes of bios this thread submitted */
+	__u64 io_wait_ns;	/* time asleep in I/O wait */
+	__u64 wait_start_ns;	/* non-zero while asleep in I/O wait */
+	__u32 dev;
+	__s32 fd;
+	__u32 op;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);			/* tid */
+	__type(value, struct fileio_inflight);
+} inflight SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct fileio_key);
+	__type(value, struct fileio_stats);
+} stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u8);
+} pids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, char[IO_COMM_LEN]);
+	__type(value, __u8);
+} comms SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fileio_counters);
+} counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 24);
+} events SEC(".maps");
+
+EXPORT_RECORD(fileio_event);
+
+/* Threads asleep in I/O wait with an operation in flight: while zero, sched_switch
+ * skips the lookup of the next task. */
+__u64 iowaiters = 0;
+
+static const struct fileio_stats zero_stats;
+
+#define COUNT(field)                                                        \
+	do {                                                                \
+		__u32 zero = 0;                                             \
+		struct fileio_counters *c = bpf_map_lookup_elem(&counters, &zero); \
+		if (c)                                                      \
+			c->field++;                                         \
+	} while (0)
+
+static __always_inline bool traced(__u32 pid)
+{
+	if (pid == self_pid)
+		return false;
+	if (filter_pid && !bpf_map_lookup_elem(&pids, &pid))
+		return false;
+	if (filter_comm) {
+		char comm[IO_COMM_LEN] = {};
+
+		bpf_get_current_comm(comm, sizeof(comm));
+		if (!bpf_map_lookup_elem(&comms, comm))
+			return false;
+	}
+	return true;
+}
+
+/* The inode behind fd in the current task, or NULL (bounds-checked fd table walk). */
+static __always_inline struct inode *fd_inode(int fd)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	struct file **fds;
+	struct file *f = NULL;
+
+	if (!fdt || fd < 0 || (unsigned int)fd >= BPF_CORE_READ(fdt, max_fds))
+		return NULL;
+	fds = BPF_CORE_READ(fdt, fd);
+	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]) || !f)
+		return NULL;
+	return BPF_CORE_READ(f, f_inode);
+}
+
+static __always_inline bool is_regular(struct inode *inode)
+{
+	return inode && (BPF_CORE_READ(inode, i_mode) & S_IFMT) == S_IFREG;
+}
+
+static __always_inline void start_op(__u64 pid_tgid, struct inode *inode, int fd,
+				     enum io_op op, __u64 bytes_requested)
+{
+	__u32 tid = (__u32)pid_tgid;
+	struct fileio_inflight st = {
+		.start_ns = bpf_ktime_get_ns(),
+		.bytes_requested = bytes_requested,
+		.ino = BPF_CORE_READ(inode, i_ino),
+		.dev = BPF_CORE_READ(inode, i_sb, s_dev),
+		.fd = fd,
+		.op = op,
+	};
+
+	if (bpf_map_update_elem(&inflight, &tid, &st, BPF_ANY))
+		COUNT(inflight_full);
+}
+
+static __always_inline void enter_fd(int fd, enum io_op op, __u64 bytes_requested)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct inode *inode;
+
+	if (!traced(pid_tgid >> 32))
+		return;
+	inode = fd_inode(fd);
+	if (!is_regular(inode))
+		return;
+	start_op(pid_tgid, inode, fd, op, bytes_requested);
+}
+
+/* Sum of the iov_len of a user iovec array (the first IO_MAX_IOV of them). */
+static __always_inline __u64 iov_bytes(const struct iovec *iov, unsigned long vlen)
+{
+	__u64 total = 0;
+
+	for (int i = 0; i < IO_MAX_IOV; i++) {
+		__u64 len = 0;
+
+		if (i >= vlen)
+			break;
+		if (bpf_probe_read_user(&len, sizeof(len), &iov[i].iov_len))
+			break;
+		total += len;
+	}
+	return total;
+}
+
+static __always_inline void finish_op(long ret)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	struct fileio_inflight *st = bpf_map_lookup_elem(&inflight, &tid);
+	struct fileio_key key = {};
+	struct fileio_stats *s;
+	struct fileio_event *ev;
+	__u64 now, lat, disk;
+	bool cached;
+
+	if (!st)
+		return;
+	if (ret < 0) {
+		COUNT(failed);
+		bpf_map_delete_elem(&inflight, &tid);
+		return;
+	}
+	now = bpf_ktime_get_ns();
+	lat = now - st->start_ns;
+	/* Reads: pages inserted (a buffered write inserts the pages it dirties, which is
+	 * no disk I/O) or bios submitted; both: time asleep waiting for I/O. */
+	disk = st->bio_bytes;
+	if (st->op == IO_OP_READ && st->pages * PAGE_SIZE_BYTES > disk)
+		disk = st->pages * PAGE_SIZE_BYTES;
+	cached = !disk && !st->io_wait_ns;
+
+	key.pid = pid_tgid >> 32;
+	key.op = st->op;
+	key.cached = cached;
+	s = bpf_map_lookup_elem(&stats, &key);
+	if (!s) {
+		bpf_map_update_elem(&stats, &key, &zero_stats, BPF_NOEXIST);
+		s = bpf_map_lookup_elem(&stats, &key);
+		if (s)
+			bpf_get_current_comm(s->comm, sizeof(s->comm));
+	}
+	if (s) {
+		s->ops++;
+		s->bytes += ret;
+		s->bytes_requested += st->bytes_requested;
+		s->disk_bytes += disk;
+		s->io_wait_ns += st->io_wait_ns;
+		s->latency_sum_ns += lat;
+		if (lat > s->latency_max_ns)
+			s->latency_max_ns = lat;
+		if (!s->first_ns)
+			s->first_ns = now;
+		s->last_ns = now;
+		s->slots[hist_slot(lat, IO_MAX_SLOTS)]++;
+	} else {
+		COUNT(stats_full);
+	}
+
+	if (events_on && lat >= min_latency_ns && !(disk_only && cached)) {
+		ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
+		if (!ev) {
+			COUNT(events_lost);
+		} else {
+			ev->ts_ns = now;
+			ev->latency_ns = lat;
+			ev->bytes = ret;
+			ev->bytes_requested = st->bytes_requested;
+			ev->disk_bytes = disk;
+			ev->io_wait_ns = st->io_wait_ns;
+			ev->ino = st->ino;
+			ev->dev = st->dev;
+			ev->pid = key.pid;
+			ev->tid = tid;
+			ev->fd = st->fd;
+			ev->op = st->op;
+			ev->cached = cached;
+			bpf_get_current_comm(ev->comm, sizeof(ev->comm));
+			ringbuf_submit_lazy(&events, ev, wakeup_bytes);
+		}
+	}
+	bpf_map_delete_elem(&inflight, &tid);
+}
+
+/* ---- disk signals (every strategy) ------------------------------------------------- */
+
+SEC("tracepoint/filemap/mm_filemap_add_to_page_cache")
+int tp_page_added(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct fileio_inflight *st = bpf_map_lookup_elem(&inflight, &tid);
+
+	if (st)
+		st->pages += 1ULL << (ctx->order & 31);
+	return 0;
+}
+
+SEC("tracepoint/block/block_bio_queue")
+int tp_bio_queue(struct trace_event_raw_block_bio *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct fileio_inflight *st = bpf_map_lookup_elem(&inflight, &tid);
+
+	if (st)
+		st->bio_bytes += (__u64)ctx->nr_sector << 9;
+	return 0;
+}
+
+/* At sched_switch the current task is the one leaving the CPU. */
+SEC("tracepoint/sched/sched_switch")
+int tp_sched_switch(struct trace_event_raw_sched_switch *ctx)
+{
+	struct task_struct *prev = (struct task_struct *)bpf_get_current_task();
+	struct fileio_inflight *st;
+	__u32 tid;
+
+	if (BPF_CORE_READ_BITFIELD_PROBED(prev, in_iowait)) {
+		tid = ctx->prev_pid;
+		st = bpf_map_lookup_elem(&inflight, &tid);
+		if (st && !st->wait_start_ns) {
+			st->wait_start_ns = bpf_ktime_get_ns();
+			__sync_fetch_and_add(&iowaiters, 1);
+		}
+	}
+	if (iowaiters) {
+		tid = ctx->next_pid;
+		st = bpf_map_lookup_elem(&inflight, &tid);
+		if (st && st->wait_start_ns) {
+			st->io_wait_ns += bpf_ktime_get_ns() - st->wait_start_ns;
+			st->wait_start_ns = 0;
+			__sync_fetch_and_add(&iowaiters, -1);
+		}
+	}
+	return 0;
+}
+
+/* ---- tracepoint strategy: syscalls:sys_enter_* / sys_exit_* ------------------------ */
+
+#define TP_PLAIN(name, op)                                                  \
+	SEC("tracepoint/syscalls/sys_enter_" #name)                         \
+	int tp_enter_##name(struct trace_event_raw_sys_enter *ctx)          \
+	{                                                                   \
+		enter_fd((int)ctx->args[0], op, ctx->args[2]);              \
+		return 0;                                                   \
+	}                                                                   \
+	SEC("tracepoint/syscalls/sys_exit_" #name)                          \
+	int tp_exit_##name(struct trace_event_raw_sys_exit *ctx)            \
+	{                                                                   \
+		finish_op(ctx->ret);                                        \
+		return 0;                                                   \
+	}
+
+#define TP_VEC(name, op)                                                    \
+	SEC("tracepoint/syscalls/sys_enter_" #name)                         \
+	int tp_enter_##name(struct trace_event_raw_sys_enter *ctx)          \
+	{                                                                   \
+		enter_fd((int)ctx->args[0], op,                             \
+			 iov_bytes((const struct iovec *)ctx->args[1], ctx->args[2])); \
+		return 0;                                                   \
+	}                                                                   \
+	SEC("tracepoint/syscalls/sys_exit_" #name)                          \
+	int tp_exit_##name(struct trace_event_raw_sys_exit *ctx)            \
+	{                                                                   \
+		finish_op(ctx->ret);                                        \
+		return 0;                                                   \
+	}
+
+TP_PLAIN(read, IO_OP_READ)
+TP_PLAIN(pread64, IO_OP_READ)
+TP_VEC(readv, IO_OP_READ)
+TP_VEC(preadv, IO_OP_READ)
+TP_VEC(preadv2, IO_OP_READ)
+TP_PLAIN(write, IO_OP_WRITE)
+TP_PLAIN(pwrite64, IO_OP_WRITE)
+TP_VEC(writev, IO_OP_WRITE)
+TP_VEC(pwritev, IO_OP_WRITE)
+TP_VEC(pwritev2, IO_OP_WRITE)
+
+/* ---- raw syscall strategy: tp_btf sys_enter / sys_exit with an id filter ----------- */
+
+#if defined(__TARGET_ARCH_x86)
+enum { NR_read = 0, NR_write = 1, NR_pread64 = 17, NR_pwrite64 = 18, NR_readv = 19,
+       NR_writev = 20, NR_preadv = 295, NR_pwritev = 296, NR_preadv2 = 327,
+       NR_pwritev2 = 328 };
+#define SYSCALL_NR(regs) BPF_CORE_READ(regs, orig_ax)
+#elif defined(__TARGET_ARCH_arm64)
+enum { NR_read = 63, NR_write = 64, NR_readv = 65, NR_writev = 66, NR_pread64 = 67,
+       NR_pwrite64 = 68, NR_preadv = 69, NR_pwritev = 70, NR_preadv2 = 286,
+       NR_pwritev2 = 287 };
+#define SYSCALL_NR(regs) BPF_CORE_READ(regs, syscallno)
+#endif
+
+#ifdef SYSCALL_NR
+/* 1: plain read/write, 2: vector, 0: not ours; op in *op. */
+static __always_inline int classify(long id, enum io_op *op)
+{
+	switch (id) {
+	case NR_read: case NR_pread64: *op = IO_OP_READ; return 1;
+	case NR_write: case NR_pwrite64: *op = IO_OP_WRITE; return 1;
+	case NR_readv: case NR_preadv: case NR_preadv2: *op = IO_OP_READ; return 2;
+	case NR_writev: case NR_pwritev: case NR_pwritev2: *op = IO_OP_WRITE; return 2;
+	default: return 0;
+	}
+}
+
+SEC("tp_btf/sys_enter")
+int BPF_PROG(raw_enter, struct pt_regs *regs, long id)
+{
+	enum io_op op = IO_OP_READ;
+	int kind = classify(id, &op);
+	unsigned long fd, a1, a2;
+
+	if (!kind)
+		return 0;
+	fd = PT_REGS_PARM1_CORE_SYSCALL(regs);
+	a1 = PT_REGS_PARM2_CORE_SYSCALL(regs);
+	a2 = PT_REGS_PARM3_CORE_SYSCALL(regs);
+	enter_fd((int)fd, op, kind == 1 ? a2 : iov_bytes((const struct iovec *)a1, a2));
+	return 0;
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(raw_exit, struct pt_regs *regs, long ret)
+{
+	enum io_op op;
+
+	if (!classify(SYSCALL_NR(regs), &op))
+		return 0;
+	finish_op(ret);
+	return 0;
+}
+#endif
+
+/* ---- fentry strategy: vfs_read / vfs_write ------------------------------------------ */
+
+static __always_inline void enter_file(struct file *file, enum io_op op, __u64 count)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct inode *inode;
+
+	if (!traced(pid_tgid >> 32))
+		return;
+	inode = BPF_CORE_READ(file, f_inode);
+	if (!is_regular(inode))
+		return;
+	start_op(pid_tgid, inode, -1, op, count);
+}
+
+SEC("fentry/vfs_read")
+int BPF_PROG(fentry_read, struct file *file, char *buf, size_t count)
+{
+	enter_file(file, IO_OP_READ, count);
+	return 0;
+}
+
+SEC("fexit/vfs_read")
+int BPF_PROG(fexit_read, struct file *file, char *buf, size_t count, loff_t *pos, ssize_t ret)
+{
+	finish_op(ret);
+	return 0;
+}
+
+SEC("fentry/vfs_write")
+int BPF_PROG(fentry_write, struct file *file, const char *buf, size_t count)
+{
+	enter_file(file, IO_OP_WRITE, count);
+	return 0;
+}
+
+SEC("fexit/vfs_write")
+int BPF_PROG(fexit_write, struct file *file, const char *buf, size_t count, loff_t *pos,
+	     ssize_t ret)
+{
+	finish_op(ret);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";

@@ -1,0 +1,556 @@
+"""meridian io: every read and write on a regular file, per process (seed 000).
+
+The kernel decides everything: regular files only (through the task's fd table), the
+PID and comm filters, cached or disk per operation (page-cache insertions, bios and
+I/O wait of the thread while the operation is in flight), and exact per-(PID, op,
+cached) aggregates with a log2 latency histogram. Events come through a ring buffer
+as numpy columns and leave as JSON lines (or aligned text) without a dict per event.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import numpy as np
+
+from .. import proc
+from ..bpf import BpfObject, RingBuffer, Strategy, choose, hook_exists, object_path
+from ..errors import UsageError
+from ..hist import Log2Hist
+from ..output import JsonWriter, fmt_bytes, print_table
+from ..system import ensure_ready
+
+__all__ = [
+    "STRATEGIES",
+    "EventFormatter",
+    "FileIO",
+    "Options",
+    "PidSummary",
+    "add_parser",
+    "run",
+    "summarize",
+]
+
+OPS = ("read", "write")
+SYSCALLS = ("read", "pread64", "readv", "preadv", "preadv2") + (
+    "write",
+    "pwrite64",
+    "writev",
+    "pwritev",
+    "pwritev2",
+)
+STRATEGIES = (
+    Strategy(
+        "fentry", ("fentry_read", "fexit_read", "fentry_write", "fexit_write"), ("fentry",)
+    ),
+    Strategy(
+        "tracepoint",
+        tuple(f"tp_{d}_{s}" for s in SYSCALLS for d in ("enter", "exit")),
+        ("tracepoint",),
+    ),
+    Strategy("tp_btf", ("raw_enter", "raw_exit"), ("tp_btf",)),
+)
+# Disk signals, shared by every strategy.
+SIGNALS = ("tp_page_added", "tp_bio_queue", "tp_sched_switch")
+
+try:
+    import orjson
+
+    def _json_str(s: str) -> str:
+        return orjson.dumps(s).decode()
+
+except ImportError:  # the json extra is optional
+
+    def _json_str(s: str) -> str:
+        return json.dumps(s)
+
+
+@dataclass
+class Options:
+    pids: list[int] = field(default_factory=list)
+    comms: list[str] = field(default_factory=list)
+    format: str = "json"
+    min_latency_ns: int = 0
+    disk_only: bool = False
+    no_events: bool = False
+    duration: float | None = None
+    strategy: str | None = None
+    max_pids: int = 8192
+    max_threads: int = 16384
+    verbose: bool = False
+
+
+# ---- the kernel side -----------------------------------------------------------------
+
+
+class FileIO:
+    """The loaded programs: `stats()` reads the exact aggregates, `events()` the stream."""
+
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.strategy = choose(STRATEGIES, opts.strategy)
+        self.obj: BpfObject | None = None
+        self.ring: RingBuffer | None = None
+        self.selected: list[str] = []
+
+    def programs(self, obj: BpfObject) -> list[str]:
+        """The strategy's programs whose hooks this kernel has, plus the disk signals."""
+        progs = [p for p in self.strategy.programs if hook_exists(obj.programs[p].section)]
+        return progs + list(SIGNALS)
+
+    def __enter__(self) -> FileIO:
+        ensure_ready()
+        obj = BpfObject(object_path("io"))
+        try:
+            o = self.opts
+            obj.set_rodata(
+                {
+                    "filter_pid": bool(o.pids),
+                    "filter_comm": bool(o.comms),
+                    "self_pid": os.getpid(),
+                    "events_on": not o.no_events,
+                    "disk_only": o.disk_only,
+                    "min_latency_ns": o.min_latency_ns,
+                    "wakeup_bytes": obj.maps["events"].max_entries // 4,
+                }
+            )
+            obj.resize("stats", o.max_pids)
+            obj.resize("inflight", o.max_threads)
+            self.selected = self.programs(obj)
+            obj.select(self.selected)
+            obj.load()
+            for pid in o.pids:
+                obj.maps["pids"].update(np.uint32(pid), np.uint8(1))
+            for comm in o.comms:
+                obj.maps["comms"].update(comm.encode()[:15].ljust(16, b"\0"), np.uint8(1))
+            obj.attach()
+            if not o.no_events:
+                assert obj.btf is not None
+                self.ring = RingBuffer.of_map(
+                    obj.maps["events"], obj.btf.struct_dtype("fileio_event")
+                )
+        except BaseException:
+            obj.close()
+            raise
+        self.obj = obj
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.ring:
+            self.ring.close()
+        if self.obj:
+            self.obj.close()
+
+    def stats(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """Keys and per-CPU values of the aggregate map, values summed over CPUs
+        (max of maxima, min of non-zero first times, max of last times)."""
+        assert self.obj is not None
+        keys, vals = self.obj.maps["stats"].items()
+        return keys, vals
+
+    def counters(self) -> dict[str, int]:
+        assert self.obj is not None
+        per_cpu = self.obj.maps["counters"].lookup(0)
+        out = {n: int(per_cpu[n].sum()) for n in per_cpu.dtype.names}
+        if self.ring is not None:
+            out["events_bad"] = self.ring.bad_records
+        return out
+
+    def events(self, timeout: float) -> np.ndarray[Any, Any]:
+        if self.ring is None:
+            time.sleep(max(timeout, 0))
+            return np.empty(0)
+        return self.ring.poll(timeout)
+
+
+# ---- aggregates ----------------------------------------------------------------------
+
+
+@dataclass
+class OpStats:
+    ops: int = 0
+    bytes: int = 0
+    bytes_requested: int = 0
+    disk_bytes: int = 0
+    io_wait_ns: int = 0
+    latency_sum_ns: int = 0
+    latency_max_ns: int = 0
+    first_ns: int = 0
+    last_ns: int = 0
+    hist: Log2Hist = field(default_factory=lambda: Log2Hist.empty(40, "nsecs"))
+
+    def add(self, other: OpStats) -> None:
+        self.ops += other.ops
+        self.bytes += other.bytes
+        self.bytes_requested += other.bytes_requested
+        self.disk_bytes += other.disk_bytes
+        self.io_wait_ns += other.io_wait_ns
+        self.latency_sum_ns += other.latency_sum_ns
+        self.latency_max_ns = max(self.latency_max_ns, other.latency_max_ns)
+        firsts = [t for t in (self.first_ns, other.first_ns) if t]
+        self.first_ns = min(firsts) if firsts else 0
+        self.last_ns = max(self.last_ns, other.last_ns)
+        self.hist = self.hist + other.hist
+
+
+@dataclass
+class PidSummary:
+    """Everything one process did, split by op and cached (True) / disk (False)."""
+
+    pid: int
+    comm: str
+    cells: dict[tuple[str, bool], OpStats] = field(default_factory=dict)
+
+    def total(self, op: str | None = None, cached: bool | None = None) -> OpStats:
+        out = OpStats()
+        for (o, c), s in self.cells.items():
+            if (op is None or o == op) and (cached is None or c == cached):
+                out.add(s)
+        return out
+
+    def hit_ratio(self, op: str | None = None) -> float | None:
+        all_ = self.total(op).ops
+        return self.total(op, True).ops / all_ if all_ else None
+
+    def as_dict(self, seconds: float) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "summary", "pid": self.pid, "comm": self.comm}
+        for op in OPS:
+            t = self.total(op)
+            if not t.ops:
+                continue
+            out[op] = {
+                "ops": t.ops,
+                "bytes": t.bytes,
+                "bytes_requested": t.bytes_requested,
+                "disk_bytes": t.disk_bytes,
+                "cached_ops": self.total(op, True).ops,
+                "disk_ops": self.total(op, False).ops,
+                "io_wait_ns": t.io_wait_ns,
+                "bytes_per_s": round(t.bytes / seconds, 1) if seconds > 0 else None,
+                "latency_avg_ns": t.latency_sum_ns // t.ops,
+                "latency_p50_ns": min(round(t.hist.percentile(0.5)), t.latency_max_ns),
+                "latency_p99_ns": min(round(t.hist.percentile(0.99)), t.latency_max_ns),
+                "latency_max_ns": t.latency_max_ns,
+                "cache_hit_ratio": round(self.hit_ratio(op) or 0.0, 6),
+                "first_ns": t.first_ns,
+                "last_ns": t.last_ns,
+                "latency": t.hist.to_json(),
+            }
+        return out
+
+
+def summarize(keys: np.ndarray[Any, Any], vals: np.ndarray[Any, Any]) -> dict[int, PidSummary]:
+    """Per-PID summaries from the aggregate map (per-CPU values, shape (n, ncpus))."""
+    out: dict[int, PidSummary] = {}
+    for k, v in zip(keys, vals, strict=True):
+        pid = int(k["pid"])
+        v = np.atleast_1d(v)
+        firsts = v["first_ns"][v["first_ns"] > 0]
+        comms = [c for c in v["comm"] if c]
+        s = OpStats(
+            ops=int(v["ops"].sum()),
+            bytes=int(v["bytes"].sum()),
+            bytes_requested=int(v["bytes_requested"].sum()),
+            disk_bytes=int(v["disk_bytes"].sum()),
+            io_wait_ns=int(v["io_wait_ns"].sum()),
+            latency_sum_ns=int(v["latency_sum_ns"].sum()),
+            latency_max_ns=int(v["latency_max_ns"].max()),
+            first_ns=int(firsts.min()) if len(firsts) else 0,
+            last_ns=int(v["last_ns"].max()),
+            hist=Log2Hist(v["slots"].sum(axis=0).astype(np.uint64), "nsecs"),
+        )
+        ps = out.setdefault(
+            pid, PidSummary(pid, comms[0].decode(errors="replace") if comms else "")
+        )
+        ps.cells[(OPS[min(int(k["op"]), 1)], bool(k["cached"]))] = s
+    return dict(sorted(out.items()))
+
+
+# ---- events --------------------------------------------------------------------------
+
+TEMPLATE = (
+    '{"pid":%d,"tid":%d,"comm":%s,"op":"%s","fd":%d,"file":%s,"bytes":%d,'
+    '"bytes_requested":%d,"disk_bytes":%d,"latency_ns":%d,"cached":%s,'
+    '"io_wait_ns":%d,"timestamp_ns":%d,"wall_time":"%s"}'
+)
+TEXT_HEADER = (
+    f"{'TIME':<15} {'COMM':<16} {'PID':>7} {'TID':>7} {'OP':<5} {'BYTES':>8} "
+    f"{'LAT(ms)':>9} {'C':<1} {'DISK':>8} {'FILE'}"
+)
+
+
+class EventFormatter:
+    """Numpy columns of `fileio_event` to JSON lines or text, one batch at a time.
+    Strings (comm, file) are JSON-escaped once per distinct value and cached."""
+
+    def __init__(self, proc_root: str = "/proc") -> None:
+        self.proc_root = proc_root
+        self.offset_ns = time.time_ns() - time.monotonic_ns()
+        self._comm: dict[bytes, str] = {}
+        self._path: dict[tuple[int, int, int, int], str] = {}  # pid, fd, dev, ino
+        self._ino: dict[tuple[int, int], str] = {}  # dev, ino (any process)
+
+    def comm(self, raw: bytes) -> str:
+        s = self._comm.get(raw)
+        if s is None:
+            s = self._comm[raw] = _json_str(raw.decode(errors="replace"))
+        return s
+
+    def path(self, pid: int, fd: int, dev: int, ino: int) -> str:
+        """The file's path from /proc/PID/fd/FD when it still names that inode, else a
+        path seen before for the inode, else MAJOR:MINOR:INODE. JSON-escaped."""
+        key = (pid, fd, dev, ino)
+        s = self._path.get(key)
+        if s is not None:
+            return s
+        found = None
+        if fd >= 0:
+            link = f"{self.proc_root}/{pid}/fd/{fd}"
+            try:
+                st = os.stat(link)
+                if st.st_ino == ino:
+                    found = os.readlink(link)
+            except OSError:
+                pass
+        if found is None:
+            cached = self._ino.get((dev, ino))
+            if cached is not None:
+                self._path[key] = cached
+                return cached
+            found = f"{proc.dev_major(dev)}:{proc.dev_minor(dev)}:{ino}"
+            s = _json_str(found)
+        else:
+            s = _json_str(found)
+            self._ino[(dev, ino)] = s
+        self._path[key] = s
+        return s
+
+    def wall(self, ts: np.ndarray[Any, Any]) -> list[str]:
+        t = (ts.astype(np.int64) + self.offset_ns).astype("datetime64[ns]")
+        out: list[str] = np.datetime_as_string(t, unit="us", timezone="UTC").tolist()
+        return out
+
+    def files(self, ev: np.ndarray[Any, Any]) -> list[str]:
+        path = self.path
+        return [
+            path(p, f, d, i)
+            for p, f, d, i in zip(
+                ev["pid"].tolist(),
+                ev["fd"].tolist(),
+                ev["dev"].tolist(),
+                ev["ino"].tolist(),
+                strict=True,
+            )
+        ]
+
+    def json_lines(self, ev: np.ndarray[Any, Any]) -> str:
+        if not len(ev):
+            return ""
+        comm = self.comm
+        cols = (
+            ev["pid"].tolist(),
+            ev["tid"].tolist(),
+            [comm(c) for c in ev["comm"].tolist()],
+            [OPS[o] for o in np.minimum(ev["op"], 1).tolist()],
+            ev["fd"].tolist(),
+            self.files(ev),
+            ev["bytes"].tolist(),
+            ev["bytes_requested"].tolist(),
+            ev["disk_bytes"].tolist(),
+            ev["latency_ns"].tolist(),
+            ["true" if c else "false" for c in ev["cached"].tolist()],
+            ev["io_wait_ns"].tolist(),
+            ev["ts_ns"].tolist(),
+            self.wall(ev["ts_ns"]),
+        )
+        return "\n".join(map(TEMPLATE.__mod__, zip(*cols, strict=True))) + "\n"
+
+    def text_lines(self, ev: np.ndarray[Any, Any]) -> str:
+        if not len(ev):
+            return ""
+        lines = []
+        walls = self.wall(ev["ts_ns"])
+        files = self.files(ev)
+        for e, w, f in zip(ev, walls, files, strict=True):
+            lines.append(
+                f"{w[11:26]:<15} {e['comm'].decode(errors='replace'):<16} {int(e['pid']):>7} "
+                f"{int(e['tid']):>7} {OPS[min(int(e['op']), 1)]:<5} {int(e['bytes']):>8} "
+                f"{int(e['latency_ns']) / 1e6:>9.3f} {'C' if e['cached'] else 'D':<1} "
+                f"{int(e['disk_bytes']):>8} {json.loads(f)}"
+            )
+        return "\n".join(lines) + "\n"
+
+
+# ---- command line --------------------------------------------------------------------
+
+EXAMPLES = """examples:
+  meridian io                       # every read/write on regular files, JSON lines
+  meridian io -p 1234 -p 5678       # only these processes (filtered in the kernel)
+  meridian io --comm postgres       # only processes with this name
+  meridian io --format text         # aligned columns for people
+  meridian io --disk-only           # only operations that reached the disk
+  meridian io --min-latency 10      # only operations slower than 10 ms
+  meridian io --no-events --duration 10   # metrics only: a per-PID summary after 10 s
+"""
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "io",
+        help="per-process file I/O: latency, bytes, page cache hits (seed 000)",
+        description="Trace reads and writes on regular files per process: latency, "
+        "bytes, and whether the page cache served them. A summary per PID on exit.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-p", "--pid", action="append", default=[], help="trace this PID (repeatable)")
+    p.add_argument("--comm", action="append", default=[], help="trace this process name")
+    p.add_argument("--format", choices=["json", "text"], default="json", help="event format")
+    p.add_argument("--min-latency", metavar="MS", help="only events slower than MS milliseconds")
+    p.add_argument("--disk-only", action="store_true", help="only events that reached the disk")
+    p.add_argument("--no-events", action="store_true", help="metrics only, no event stream")
+    p.add_argument("--duration", metavar="SECONDS", help="stop after this long")
+    p.add_argument("--max-pids", metavar="N", default="8192", help="aggregate map size")
+    p.add_argument(
+        "--strategy", choices=[s.name for s in STRATEGIES], help="force a probe strategy"
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="libbpf and strategy detail")
+    return p
+
+
+def _number(value: str | None, what: str, minimum: float, integer: bool = False) -> float | None:
+    if value is None:
+        return None
+    try:
+        num = int(value) if integer else float(value)
+    except ValueError:
+        kind = "a whole number" if integer else "a number"
+        raise UsageError(f"{what} must be {kind}, got {value!r}") from None
+    if num < minimum or num != num:
+        raise UsageError(f"{what} must be at least {minimum:g}, got {value!r}")
+    return num
+
+
+def parse_pids(values: Sequence[str], proc_root: str = "/proc") -> list[int]:
+    pids = []
+    for v in values:
+        if not v.strip().isdigit() or int(v) <= 0:
+            raise UsageError(f"-p takes a process ID (a positive whole number), got {v!r}")
+        pid = int(v)
+        if not os.path.isdir(f"{proc_root}/{pid}"):
+            raise UsageError(f"no process with PID {pid} (see ps -e)")
+        pids.append(pid)
+    return pids
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    comms = []
+    for c in args.comm:
+        if not c or len(c.encode()) > 15:
+            raise UsageError(f"--comm takes a process name of 1 to 15 bytes, got {c!r}")
+        comms.append(c)
+    min_lat = _number(args.min_latency, "--min-latency", 0)
+    duration = _number(args.duration, "--duration", 0.001)
+    max_pids = _number(args.max_pids, "--max-pids", 1, integer=True)
+    return Options(
+        pids=parse_pids(args.pid),
+        comms=comms,
+        format=args.format,
+        min_latency_ns=int((min_lat or 0) * 1_000_000),
+        disk_only=args.disk_only,
+        no_events=args.no_events,
+        duration=duration,
+        strategy=args.strategy,
+        max_pids=int(max_pids or 8192),
+        verbose=args.verbose,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_options(options_from_args(args), sys.stdout)
+
+
+def run_options(opts: Options, out: TextIO) -> int:
+    fmt = EventFormatter()
+    write: Callable[[np.ndarray[Any, Any]], str] = (
+        fmt.json_lines if opts.format == "json" else fmt.text_lines
+    )
+    with FileIO(opts) as tool:
+        if opts.verbose:
+            print(f"strategy: {tool.strategy.name} ({', '.join(tool.selected)})", file=sys.stderr)
+        if opts.format == "text":
+            print("Tracing reads and writes on regular files... Hit Ctrl-C to end.", file=out)
+            if not opts.no_events:
+                print(TEXT_HEADER, file=out)
+            out.flush()
+        start = time.monotonic()
+        end = start + opts.duration if opts.duration else None
+        try:
+            while end is None or time.monotonic() < end:
+                wait = 0.05 if end is None else max(0.0, min(0.05, end - time.monotonic()))
+                recs = tool.events(wait)
+                if len(recs):
+                    out.write(write(recs))
+                    out.flush()
+        except KeyboardInterrupt:
+            pass
+        recs = tool.events(0)
+        if len(recs):
+            out.write(write(recs))
+        keys, vals = tool.stats()
+        report(summarize(keys, vals), tool.counters(), time.monotonic() - start, opts, out)
+        out.flush()
+    return 0
+
+
+def report(
+    pids: dict[int, PidSummary],
+    counters: dict[str, int],
+    seconds: float,
+    opts: Options,
+    out: TextIO,
+) -> None:
+    if opts.format == "json":
+        w = JsonWriter(out)
+        for ps in pids.values():
+            w.write(ps.as_dict(seconds))
+        w.write({"type": "lost", "seconds": round(seconds, 6), **counters})
+        return
+    rows = []
+    for ps in pids.values():
+        for op in OPS:
+            t = ps.total(op)
+            if not t.ops:
+                continue
+            rows.append(
+                [
+                    ps.comm,
+                    str(ps.pid),
+                    op,
+                    str(t.ops),
+                    fmt_bytes(t.bytes),
+                    fmt_bytes(t.bytes / seconds) + "/s" if seconds > 0 else "-",
+                    f"{min(t.hist.percentile(0.5), t.latency_max_ns) / 1e3:.1f}",
+                    f"{min(t.hist.percentile(0.99), t.latency_max_ns) / 1e3:.1f}",
+                    f"{t.latency_max_ns / 1e3:.1f}",
+                    f"{100 * (ps.hit_ratio(op) or 0):.1f}%",
+                ]
+            )
+    print(file=out)
+    print_table(
+        ["COMM", "PID", "OP", "OPS", "BYTES", "THROUGHPUT", "P50(us)", "P99(us)", "MAX(us)", "HIT"],
+        rows,
+        out,
+    )
+    lost = {k: v for k, v in counters.items() if v}
+    if lost:
+        print("lost: " + ", ".join(f"{k}={v}" for k, v in lost.items()), file=out)
+
+
