@@ -35,8 +35,9 @@ const volatile __u64 wakeup_bytes = 1;
 struct fileio_inflight {
 	__u64 start_ns;
 	__u64 bytes_requested;
+	__u64 pos;		/* file offset at the start */
 	__u64 ino;
-	__u64 pages;		/* page-cache pages inserted by this thread */
+	__u64 pages;		/* pages inserted for this operation (its range, or metadata) */
 	__u64 bio_bytes;	/* bytes of bios this thread submitted */
 	__u64 io_wait_ns;	/* time asleep in I/O wait */
 	__u64 wait_start_ns;	/* non-zero while asleep in I/O wait */
@@ -52,6 +53,28 @@ struct {
 	__type(key, __u32);			/* tid */
 	__type(value, struct fileio_inflight);
 } inflight SEC(".maps");
+
+/* Pages a read inserted ahead of its own range (readahead): data that came from the
+ * disk for the reads that follow. A later read of those pages is served by the disk,
+ * even when the readahead I/O finished before it started, and takes them as its
+ * disk_bytes, so the disk_bytes of a sequential pass add up to the file's size. */
+struct ahead_key {
+	__u64 ino;
+	__u32 dev;
+	__u32 pad;
+};
+
+struct ahead_range {
+	__u64 lo;		/* page indices [lo, hi) */
+	__u64 hi;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct ahead_key);
+	__type(value, struct ahead_range);
+} ahead SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
@@ -91,6 +114,9 @@ EXPORT_RECORD(fileio_event);
 /* Threads asleep in I/O wait with an operation in flight: while zero, sched_switch
  * skips the lookup of the next task. */
 __u64 iowaiters = 0;
+/* Entries of `ahead` (an upper bound: LRU evictions are not subtracted): while zero,
+ * a read skips the lookup. */
+__u64 ahead_live = 0;
 
 static const struct fileio_stats zero_stats;
 
@@ -118,8 +144,8 @@ static __always_inline bool traced(__u32 pid)
 	return true;
 }
 
-/* The inode behind fd in the current task, or NULL (bounds-checked fd table walk). */
-static __always_inline struct inode *fd_inode(int fd)
+/* The file behind fd in the current task, or NULL (bounds-checked fd table walk). */
+static __always_inline struct file *fd_file(int fd)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
@@ -131,7 +157,7 @@ static __always_inline struct inode *fd_inode(int fd)
 	fds = BPF_CORE_READ(fdt, fd);
 	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]) || !f)
 		return NULL;
-	return BPF_CORE_READ(f, f_inode);
+	return f;
 }
 
 static __always_inline bool is_regular(struct inode *inode)
@@ -140,12 +166,13 @@ static __always_inline bool is_regular(struct inode *inode)
 }
 
 static __always_inline void start_op(__u64 pid_tgid, struct inode *inode, int fd,
-				     enum io_op op, __u64 bytes_requested)
+				     enum io_op op, __u64 bytes_requested, __u64 pos)
 {
 	__u32 tid = (__u32)pid_tgid;
 	struct fileio_inflight st = {
 		.start_ns = bpf_ktime_get_ns(),
 		.bytes_requested = bytes_requested,
+		.pos = pos,
 		.ino = BPF_CORE_READ(inode, i_ino),
 		.dev = BPF_CORE_READ(inode, i_sb, s_dev),
 		.fd = fd,
@@ -156,17 +183,24 @@ static __always_inline void start_op(__u64 pid_tgid, struct inode *inode, int fd
 		COUNT(inflight_full);
 }
 
-static __always_inline void enter_fd(int fd, enum io_op op, __u64 bytes_requested)
+/* pos < 0: the file's own offset (read, readv, preadv2 with -1). */
+static __always_inline void enter_fd(int fd, enum io_op op, __u64 bytes_requested, __s64 pos)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct inode *inode;
+	struct file *f;
 
 	if (!traced(pid_tgid >> 32))
 		return;
-	inode = fd_inode(fd);
+	f = fd_file(fd);
+	if (!f)
+		return;
+	inode = BPF_CORE_READ(f, f_inode);
 	if (!is_regular(inode))
 		return;
-	start_op(pid_tgid, inode, fd, op, bytes_requested);
+	if (pos < 0)
+		pos = BPF_CORE_READ(f, f_pos);
+	start_op(pid_tgid, inode, fd, op, bytes_requested, pos);
 }
 
 /* Sum of the iov_len of a user iovec array (the first IO_MAX_IOV of them). */
@@ -184,6 +218,34 @@ static __always_inline __u64 iov_bytes(const struct iovec *iov, unsigned long vl
 		total += len;
 	}
 	return total;
+}
+
+/* Pages of [pos, pos + ret) that an earlier read inserted ahead: taken, so no other
+ * read counts them again. */
+static __always_inline __u64 take_ahead(struct fileio_inflight *st, long ret)
+{
+	struct ahead_key k = { .ino = st->ino, .dev = st->dev };
+	struct ahead_range *r;
+	__u64 s, e, lo, hi;
+
+	if (!ahead_live)
+		return 0;
+	r = bpf_map_lookup_elem(&ahead, &k);
+	if (!r)
+		return 0;
+	s = st->pos / PAGE_SIZE_BYTES;
+	e = (st->pos + ret + PAGE_SIZE_BYTES - 1) / PAGE_SIZE_BYTES;
+	lo = r->lo > s ? r->lo : s;
+	hi = r->hi < e ? r->hi : e;
+	if (lo >= hi)
+		return 0;
+	if (hi >= r->hi) {
+		bpf_map_delete_elem(&ahead, &k);
+		__sync_fetch_and_add(&ahead_live, -1);
+	} else {
+		r->lo = hi;	/* pages skipped below lo are left behind */
+	}
+	return hi - lo;
 }
 
 static __always_inline void finish_op(long ret)
@@ -206,12 +268,17 @@ static __always_inline void finish_op(long ret)
 	}
 	now = bpf_ktime_get_ns();
 	lat = now - st->start_ns;
-	/* Reads: pages inserted (a buffered write inserts the pages it dirties, which is
-	 * no disk I/O) or bios submitted; both: time asleep waiting for I/O. */
+	if (st->op == IO_OP_READ && ret > 0)
+		st->pages += take_ahead(st, ret);
+	/* disk_bytes of a buffered read: the pages of its range it inserted or an earlier
+	 * read inserted ahead for it (the bios it submits for readahead belong to the reads
+	 * that follow); otherwise, as for O_DIRECT reads and every write (a buffered write
+	 * inserts the pages it dirties, which is no disk I/O), the bios it submitted.
+	 * Cached: no disk bytes, no bio, no time asleep in I/O wait. */
 	disk = st->bio_bytes;
-	if (st->op == IO_OP_READ && st->pages * PAGE_SIZE_BYTES > disk)
+	if (st->op == IO_OP_READ && st->pages)
 		disk = st->pages * PAGE_SIZE_BYTES;
-	cached = !disk && !st->io_wait_ns;
+	cached = !disk && !st->bio_bytes && !st->io_wait_ns;
 
 	key.pid = pid_tgid >> 32;
 	key.op = st->op;
@@ -273,8 +340,48 @@ int tp_page_added(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct fileio_inflight *st = bpf_map_lookup_elem(&inflight, &tid);
 
-	if (st)
-		st->pages += 1ULL << (ctx->order & 31);
+	struct ahead_key k = {};
+	struct ahead_range *r, nr;
+	__u64 n, a, b, s, e, own;
+
+	if (!st)
+		return 0;
+	n = 1ULL << (ctx->order & 31);
+	if (st->op != IO_OP_READ || ctx->i_ino != st->ino || ctx->s_dev != st->dev) {
+		st->pages += n;		/* metadata, or another file: this operation's disk I/O */
+		return 0;
+	}
+	/* The part of [a, b) inside the operation's own range is its own; the rest is
+	 * readahead for the reads that follow. */
+	a = ctx->index;
+	b = a + n;
+	s = st->pos / PAGE_SIZE_BYTES;
+	e = (st->pos + st->bytes_requested + PAGE_SIZE_BYTES - 1) / PAGE_SIZE_BYTES;
+	own = 0;
+	if ((a > s ? a : s) < (b < e ? b : e))
+		own = (b < e ? b : e) - (a > s ? a : s);
+	st->pages += own;
+	if (own == n)
+		return 0;
+	if (a < e)
+		a = e;		/* only what lies past the read's range is credited */
+	if (a >= b)
+		return 0;
+	k.ino = st->ino;
+	k.dev = st->dev;
+	r = bpf_map_lookup_elem(&ahead, &k);
+	if (r && a <= r->hi && b >= r->lo) {
+		if (a < r->lo)
+			r->lo = a;
+		if (b > r->hi)
+			r->hi = b;
+		return 0;
+	}
+	nr.lo = a;
+	nr.hi = b;
+	if (!r)
+		__sync_fetch_and_add(&ahead_live, 1);
+	bpf_map_update_elem(&ahead, &k, &nr, BPF_ANY);
 	return 0;
 }
 
@@ -319,11 +426,11 @@ int tp_sched_switch(struct trace_event_raw_sched_switch *ctx)
 
 /* ---- tracepoint strategy: syscalls:sys_enter_* / sys_exit_* ------------------------ */
 
-#define TP_PLAIN(name, op)                                                  \
+#define TP_PLAIN(name, op, pos)                                             \
 	SEC("tracepoint/syscalls/sys_enter_" #name)                         \
 	int tp_enter_##name(struct trace_event_raw_sys_enter *ctx)          \
 	{                                                                   \
-		enter_fd((int)ctx->args[0], op, ctx->args[2]);              \
+		enter_fd((int)ctx->args[0], op, ctx->args[2], pos);         \
 		return 0;                                                   \
 	}                                                                   \
 	SEC("tracepoint/syscalls/sys_exit_" #name)                          \
@@ -333,12 +440,12 @@ int tp_sched_switch(struct trace_event_raw_sched_switch *ctx)
 		return 0;                                                   \
 	}
 
-#define TP_VEC(name, op)                                                    \
+#define TP_VEC(name, op, pos)                                               \
 	SEC("tracepoint/syscalls/sys_enter_" #name)                         \
 	int tp_enter_##name(struct trace_event_raw_sys_enter *ctx)          \
 	{                                                                   \
 		enter_fd((int)ctx->args[0], op,                             \
-			 iov_bytes((const struct iovec *)ctx->args[1], ctx->args[2])); \
+			 iov_bytes((const struct iovec *)ctx->args[1], ctx->args[2]), pos); \
 		return 0;                                                   \
 	}                                                                   \
 	SEC("tracepoint/syscalls/sys_exit_" #name)                          \
@@ -348,16 +455,17 @@ int tp_sched_switch(struct trace_event_raw_sched_switch *ctx)
 		return 0;                                                   \
 	}
 
-TP_PLAIN(read, IO_OP_READ)
-TP_PLAIN(pread64, IO_OP_READ)
-TP_VEC(readv, IO_OP_READ)
-TP_VEC(preadv, IO_OP_READ)
-TP_VEC(preadv2, IO_OP_READ)
-TP_PLAIN(write, IO_OP_WRITE)
-TP_PLAIN(pwrite64, IO_OP_WRITE)
-TP_VEC(writev, IO_OP_WRITE)
-TP_VEC(pwritev, IO_OP_WRITE)
-TP_VEC(pwritev2, IO_OP_WRITE)
+/* The offset: -1 for the file's own; preadv's pos_l holds all of it on 64-bit. */
+TP_PLAIN(read, IO_OP_READ, -1)
+TP_PLAIN(pread64, IO_OP_READ, (__s64)ctx->args[3])
+TP_VEC(readv, IO_OP_READ, -1)
+TP_VEC(preadv, IO_OP_READ, (__s64)ctx->args[3])
+TP_VEC(preadv2, IO_OP_READ, (__s64)ctx->args[3])
+TP_PLAIN(write, IO_OP_WRITE, -1)
+TP_PLAIN(pwrite64, IO_OP_WRITE, (__s64)ctx->args[3])
+TP_VEC(writev, IO_OP_WRITE, -1)
+TP_VEC(pwritev, IO_OP_WRITE, (__s64)ctx->args[3])
+TP_VEC(pwritev2, IO_OP_WRITE, (__s64)ctx->args[3])
 
 /* ---- raw syscall strategy: tp_btf sys_enter / sys_exit with an id filter ----------- */
 
@@ -374,6 +482,17 @@ enum { NR_read = 63, NR_write = 64, NR_readv = 65, NR_writev = 66, NR_pread64 = 
 #endif
 
 #ifdef SYSCALL_NR
+static __always_inline bool positional(long id)
+{
+	switch (id) {
+	case NR_pread64: case NR_pwrite64: case NR_preadv: case NR_pwritev:
+	case NR_preadv2: case NR_pwritev2:
+		return true;
+	default:
+		return false;
+	}
+}
+
 /* 1: plain read/write, 2: vector, 0: not ours; op in *op. */
 static __always_inline int classify(long id, enum io_op *op)
 {
@@ -392,13 +511,16 @@ int BPF_PROG(raw_enter, struct pt_regs *regs, long id)
 	enum io_op op = IO_OP_READ;
 	int kind = classify(id, &op);
 	unsigned long fd, a1, a2;
+	__s64 pos = -1;
 
 	if (!kind)
 		return 0;
 	fd = PT_REGS_PARM1_CORE_SYSCALL(regs);
 	a1 = PT_REGS_PARM2_CORE_SYSCALL(regs);
 	a2 = PT_REGS_PARM3_CORE_SYSCALL(regs);
-	enter_fd((int)fd, op, kind == 1 ? a2 : iov_bytes((const struct iovec *)a1, a2));
+	if (positional(id))
+		pos = (__s64)PT_REGS_PARM4_CORE_SYSCALL(regs);
+	enter_fd((int)fd, op, kind == 1 ? a2 : iov_bytes((const struct iovec *)a1, a2), pos);
 	return 0;
 }
 
@@ -416,8 +538,11 @@ int BPF_PROG(raw_exit, struct pt_regs *regs, long ret)
 
 /* ---- fentry strategy: vfs_read / vfs_write ------------------------------------------ */
 
-static __always_inline void enter_file(struct file *file, enum io_op op, __u64 count)
+static __always_inline void enter_file(struct file *file, enum io_op op, __u64 count,
+				       loff_t *ppos)
 {
+	loff_t pos = 0;
+
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct inode *inode;
 
@@ -426,13 +551,15 @@ static __always_inline void enter_file(struct file *file, enum io_op op, __u64 c
 	inode = BPF_CORE_READ(file, f_inode);
 	if (!is_regular(inode))
 		return;
-	start_op(pid_tgid, inode, -1, op, count);
+	if (ppos)
+		bpf_probe_read_kernel(&pos, sizeof(pos), ppos);
+	start_op(pid_tgid, inode, -1, op, count, pos);
 }
 
 SEC("fentry/vfs_read")
-int BPF_PROG(fentry_read, struct file *file, char *buf, size_t count)
+int BPF_PROG(fentry_read, struct file *file, char *buf, size_t count, loff_t *pos)
 {
-	enter_file(file, IO_OP_READ, count);
+	enter_file(file, IO_OP_READ, count, pos);
 	return 0;
 }
 
@@ -444,9 +571,9 @@ int BPF_PROG(fexit_read, struct file *file, char *buf, size_t count, loff_t *pos
 }
 
 SEC("fentry/vfs_write")
-int BPF_PROG(fentry_write, struct file *file, const char *buf, size_t count)
+int BPF_PROG(fentry_write, struct file *file, const char *buf, size_t count, loff_t *pos)
 {
-	enter_file(file, IO_OP_WRITE, count);
+	enter_file(file, IO_OP_WRITE, count, pos);
 	return 0;
 }
 

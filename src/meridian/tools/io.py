@@ -39,17 +39,10 @@ __all__ = [
 ]
 
 OPS = ("read", "write")
-SYSCALLS = ("read", "pread64", "readv", "preadv", "preadv2") + (
-    "write",
-    "pwrite64",
-    "writev",
-    "pwritev",
-    "pwritev2",
-)
+SYSCALLS: tuple[str, ...] = ("read", "pread64", "readv", "preadv", "preadv2")
+SYSCALLS += ("write", "pwrite64", "writev", "pwritev", "pwritev2")
 STRATEGIES = (
-    Strategy(
-        "fentry", ("fentry_read", "fexit_read", "fentry_write", "fexit_write"), ("fentry",)
-    ),
+    Strategy("fentry", ("fentry_read", "fexit_read", "fentry_write", "fexit_write"), ("fentry",)),
     Strategy(
         "tracepoint",
         tuple(f"tp_{d}_{s}" for s in SYSCALLS for d in ("enter", "exit")),
@@ -552,5 +545,3 @@ def report(
     lost = {k: v for k, v in counters.items() if v}
     if lost:
         print("lost: " + ", ".join(f"{k}={v}" for k, v in lost.items()), file=out)
-
-
