@@ -49,6 +49,7 @@ struct fileio_inflight {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);	/* per-CPU LRU lists: no global lock */
 	__uint(max_entries, 16384);
 	__type(key, __u32);			/* tid */
 	__type(value, struct fileio_inflight);
@@ -179,7 +180,13 @@ static __always_inline void start_op(__u64 pid_tgid, struct inode *inode, int fd
 		.op = op,
 	};
 
-	if (bpf_map_update_elem(&inflight, &tid, &st, BPF_ANY))
+	struct fileio_inflight *old = bpf_map_lookup_elem(&inflight, &tid);
+
+	/* The thread's entry is reused from one operation to the next: no allocation and
+	 * no delete per operation, only one lookup. */
+	if (old)
+		*old = st;
+	else if (bpf_map_update_elem(&inflight, &tid, &st, BPF_ANY))
 		COUNT(inflight_full);
 }
 
@@ -259,11 +266,11 @@ static __always_inline void finish_op(long ret)
 	__u64 now, lat, disk;
 	bool cached;
 
-	if (!st)
+	if (!st || !st->start_ns)
 		return;
 	if (ret < 0) {
 		COUNT(failed);
-		bpf_map_delete_elem(&inflight, &tid);
+		st->start_ns = 0;
 		return;
 	}
 	now = bpf_ktime_get_ns();
@@ -329,7 +336,7 @@ static __always_inline void finish_op(long ret)
 			ringbuf_submit_lazy(&events, ev, wakeup_bytes);
 		}
 	}
-	bpf_map_delete_elem(&inflight, &tid);
+	st->start_ns = 0;	/* idle: the entry stays for the thread's next operation */
 }
 
 /* ---- disk signals (every strategy) ------------------------------------------------- */
@@ -344,7 +351,7 @@ int tp_page_added(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 	struct ahead_range *r, nr;
 	__u64 n, a, b, s, e, own;
 
-	if (!st)
+	if (!st || !st->start_ns)
 		return 0;
 	n = 1ULL << (ctx->order & 31);
 	if (st->op != IO_OP_READ || ctx->i_ino != st->ino || ctx->s_dev != st->dev) {
@@ -391,7 +398,7 @@ int tp_bio_queue(struct trace_event_raw_block_bio *ctx)
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct fileio_inflight *st = bpf_map_lookup_elem(&inflight, &tid);
 
-	if (st)
+	if (st && st->start_ns)
 		st->bio_bytes += (__u64)ctx->nr_sector << 9;
 	return 0;
 }
@@ -407,7 +414,7 @@ int tp_sched_switch(struct trace_event_raw_sched_switch *ctx)
 	if (BPF_CORE_READ_BITFIELD_PROBED(prev, in_iowait)) {
 		tid = ctx->prev_pid;
 		st = bpf_map_lookup_elem(&inflight, &tid);
-		if (st && !st->wait_start_ns) {
+		if (st && st->start_ns && !st->wait_start_ns) {
 			st->wait_start_ns = bpf_ktime_get_ns();
 			__sync_fetch_and_add(&iowaiters, 1);
 		}

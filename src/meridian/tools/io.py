@@ -478,6 +478,7 @@ def run_options(opts: Options, out: TextIO) -> int:
     with FileIO(opts) as tool:
         if opts.verbose:
             print(f"strategy: {tool.strategy.name} ({', '.join(tool.selected)})", file=sys.stderr)
+            sys.stderr.flush()
         if opts.format == "text":
             print("Tracing reads and writes on regular files... Hit Ctrl-C to end.", file=out)
             if not opts.no_events:
@@ -498,7 +499,10 @@ def run_options(opts: Options, out: TextIO) -> int:
         if len(recs):
             out.write(write(recs))
         keys, vals = tool.stats()
-        report(summarize(keys, vals), tool.counters(), time.monotonic() - start, opts, out)
+        counters = tool.counters()
+        if opts.verbose:
+            print("lost: " + " ".join(f"{k}={v}" for k, v in counters.items()), file=sys.stderr)
+        report(summarize(keys, vals), counters, time.monotonic() - start, opts, out)
         out.flush()
     return 0
 
