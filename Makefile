@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 
 .PHONY: help deps venv bpf run test lint bench clean
 help:
-	@echo "make run    set up (Debian packages, venv, BPF objects) and run meridian biolat"
+	@echo "make run    set up (Debian packages, venv, BPF objects) and run meridian io for 10 s"
 	@echo "make test   the same set-up, then the whole test suite"
 	@echo "make lint   ruff and mypy"
 	@echo "make bench  the benchmarks in benchmarks/ (writes benchmarks/RESULTS.md)"
@@ -58,7 +58,7 @@ $(OBJDIR)/%.bpf.o: bpf/%.bpf.c $(BPF_HDR) $(BUILD)/vmlinux.h
 bpf: $(BPF_OBJ)
 
 run: venv bpf
-	$(VENV)/bin/meridian biolat --workload 10 1
+	$(VENV)/bin/meridian io --format text --duration 10
 
 test: venv bpf
 	$(PY) -m pytest $(PYTEST_ARGS)

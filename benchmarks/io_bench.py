@@ -138,7 +138,12 @@ def agent_json_rate(n: int = 1_000_000) -> dict[str, float]:
 def main(argv: list[str]) -> int:
     rounds = int(argv[1]) if len(argv) > 1 else 3
     seconds = float(argv[2]) if len(argv) > 2 else 3.0
-    results: dict[str, list[float]] = {"untraced": [], "no-events": [], "stream": [], "bpftrace": []}
+    results: dict[str, list[float]] = {
+        "untraced": [],
+        "no-events": [],
+        "stream": [],
+        "bpftrace": [],
+    }
     notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -151,7 +156,7 @@ def main(argv: list[str]) -> int:
         for r in range(rounds):
             base = loop(exe, data, seconds)
             results["untraced"].append(base)
-            rate, tail = traced(MERIDIAN + ["--no-events"], "strategy:", exe, data, seconds)
+            rate, tail = traced([*MERIDIAN, "--no-events"], "strategy:", exe, data, seconds)
             results["no-events"].append(rate / base)
             rate, tail = traced(MERIDIAN, "strategy:", exe, data, seconds)
             results["stream"].append(rate / base)

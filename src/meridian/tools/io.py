@@ -271,7 +271,7 @@ def summarize(keys: np.ndarray[Any, Any], vals: np.ndarray[Any, Any]) -> dict[in
 TEMPLATE = (
     '{"pid":%d,"tid":%d,"comm":%s,"op":"%s","fd":%d,"file":%s,"bytes":%d,'
     '"bytes_requested":%d,"disk_bytes":%d,"latency_ns":%d,"cached":%s,'
-    '"io_wait_ns":%d,"timestamp_ns":%d,"wall_time":"%s"}'
+    '"io_wait_ns":%d,"timestamp_ns":%d,"wall_time":"%s.%06dZ"}'
 )
 TEXT_HEADER = (
     f"{'TIME':<15} {'COMM':<16} {'PID':>7} {'TID':>7} {'OP':<5} {'BYTES':>8} "
@@ -325,10 +325,21 @@ class EventFormatter:
         self._path[key] = s
         return s
 
+    def wall_parts(self, ts: np.ndarray[Any, Any]) -> tuple[list[str], list[int]]:
+        """ISO-8601 UTC seconds (strftime once per distinct second) and microseconds."""
+        ns = ts.astype(np.int64) + self.offset_ns
+        secs = ns // 1_000_000_000
+        lo, hi = int(secs.min()), int(secs.max())
+        if hi - lo < 4096:  # a batch spans seconds, not hours: index a small table
+            table = [time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(x)) for x in range(lo, hi + 1)]
+            heads = [table[i] for i in (secs - lo).tolist()]
+        else:
+            heads = [time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(x)) for x in secs.tolist()]
+        return heads, ((ns % 1_000_000_000) // 1000).tolist()
+
     def wall(self, ts: np.ndarray[Any, Any]) -> list[str]:
-        t = (ts.astype(np.int64) + self.offset_ns).astype("datetime64[ns]")
-        out: list[str] = np.datetime_as_string(t, unit="us", timezone="UTC").tolist()
-        return out
+        heads, micros = self.wall_parts(ts)
+        return [f"{h}.{u:06d}Z" for h, u in zip(heads, micros, strict=True)]
 
     def files(self, ev: np.ndarray[Any, Any]) -> list[str]:
         path = self.path
@@ -361,7 +372,7 @@ class EventFormatter:
             ["true" if c else "false" for c in ev["cached"].tolist()],
             ev["io_wait_ns"].tolist(),
             ev["ts_ns"].tolist(),
-            self.wall(ev["ts_ns"]),
+            *self.wall_parts(ev["ts_ns"]),
         )
         return "\n".join(map(TEMPLATE.__mod__, zip(*cols, strict=True))) + "\n"
 

@@ -1,0 +1,110 @@
+"""meridian io without a kernel: event formatting, path resolution, aggregates, input."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from meridian.bpf import BpfObject, object_path
+from meridian.errors import UsageError
+from meridian.tools.io import EventFormatter, parse_pids, summarize
+
+if not object_path("io").exists():
+    pytest.skip("BPF objects not built (make bpf)", allow_module_level=True)
+
+
+def dtypes() -> tuple[np.dtype[Any], np.dtype[Any], np.dtype[Any]]:
+    with BpfObject(object_path("io")) as obj:
+        assert obj.btf is not None
+        return (
+            obj.btf.struct_dtype("fileio_event"),
+            obj.maps["stats"].key_dtype,
+            obj.maps["stats"].value_dtype,
+        )
+
+
+def test_json_lines_are_valid_json_with_every_field(tmp_path: Path) -> None:
+    ev_dt, _, _ = dtypes()
+    ev = np.zeros(2, dtype=ev_dt)
+    ev["pid"], ev["tid"], ev["fd"] = 10, 11, 3
+    ev["comm"] = [b'we"ird\\name', b"dd"]
+    ev["op"] = [0, 1]
+    ev["cached"] = [1, 0]
+    ev["bytes"], ev["bytes_requested"], ev["disk_bytes"] = 4096, 8192, [0, 4096]
+    ev["latency_ns"], ev["io_wait_ns"], ev["ts_ns"] = 1234, [0, 99], [5, 6]
+    ev["dev"], ev["ino"] = (7 << 20) | 3, 42
+    fmt = EventFormatter(proc_root=str(tmp_path))  # no /proc entry: dev:inode
+    lines = [json.loads(x) for x in fmt.json_lines(ev).splitlines()]
+    assert lines[0]["comm"] == 'we"ird\\name' and lines[1]["comm"] == "dd"
+    assert [x["op"] for x in lines] == ["read", "write"]
+    assert [x["cached"] for x in lines] == [True, False]
+    assert lines[1]["disk_bytes"] == 4096 and lines[1]["io_wait_ns"] == 99
+    assert lines[0]["file"] == "7:3:42"
+    assert lines[0]["wall_time"].endswith("Z") and len(lines[0]["wall_time"]) == 27
+    assert set(lines[0]) == {
+        "pid", "tid", "comm", "op", "fd", "file", "bytes", "bytes_requested", "disk_bytes",
+        "latency_ns", "cached", "io_wait_ns", "timestamp_ns", "wall_time",
+    }  # fmt: skip
+    assert fmt.json_lines(ev[:0]) == ""
+
+
+def test_path_from_proc_fd_only_when_it_is_the_same_inode(tmp_path: Path) -> None:
+    target = tmp_path / "data file.bin"
+    target.write_bytes(b"x")
+    fd_dir = tmp_path / "proc" / "77" / "fd"
+    fd_dir.mkdir(parents=True)
+    os.symlink(target, fd_dir / "5")
+    fmt = EventFormatter(proc_root=str(tmp_path / "proc"))
+    ino = target.stat().st_ino
+    assert json.loads(fmt.path(77, 5, 1, ino)) == str(target)
+    # Another inode behind the same fd number: not this file.
+    assert json.loads(fmt.path(77, 5, 1, ino + 1)) == f"0:1:{ino + 1}"
+    # The inode seen before, from a process that is gone: the path seen before.
+    assert json.loads(fmt.path(78, 9, 1, ino)) == str(target)
+
+
+def test_summarize_sums_cpus_and_splits_op_and_cached() -> None:
+    _, key_dt, val_dt = dtypes()
+    keys = np.zeros(3, dtype=key_dt)
+    keys["pid"] = [100, 100, 200]
+    keys["op"] = [0, 0, 1]
+    keys["cached"] = [1, 0, 0]
+    vals = np.zeros((3, 2), dtype=val_dt)  # two CPUs
+    vals["ops"] = [[3, 1], [1, 0], [2, 2]]
+    vals["bytes"] = [[300, 100], [100, 0], [10, 10]]
+    vals["latency_max_ns"] = [[5, 9], [100, 0], [1, 2]]
+    vals["first_ns"] = [[0, 7], [3, 0], [1, 1]]
+    vals["comm"][0, 1] = b"cat"
+    vals["slots"][0, 0, 3] = 4
+    out = summarize(keys, vals)
+    assert set(out) == {100, 200}
+    cat = out[100]
+    assert cat.comm == "cat"
+    assert cat.total("read").ops == 5 and cat.total("read").bytes == 500
+    assert cat.total("read", True).ops == 4
+    assert cat.hit_ratio("read") == 0.8
+    assert cat.total("read").latency_max_ns == 100
+    assert cat.total("read").first_ns == 3
+    assert cat.total("read", True).hist.total == 4
+    assert out[200].total("write").ops == 4 and out[200].hit_ratio("write") == 0.0
+    d = cat.as_dict(2.0)
+    assert d["read"]["bytes_per_s"] == 250.0 and d["read"]["cache_hit_ratio"] == 0.8
+    assert "write" not in d
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [("abc", "process ID"), ("-3", "process ID"), ("0", "process ID"), ("999999999", "no process")],
+)
+def test_bad_pids(value: str, needle: str) -> None:
+    with pytest.raises(UsageError, match=needle):
+        parse_pids([value])
+
+
+def test_existing_pid() -> None:
+    assert parse_pids([str(os.getpid())]) == [os.getpid()]
