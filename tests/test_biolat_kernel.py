@@ -50,7 +50,7 @@ def drain(tool: Biolat, want: int, timeout: float = 5.0) -> np.ndarray[Any, Any]
 
 @pytest.mark.parametrize("strategy", ["tp_btf", "tracepoint"])
 def test_exact_counts_sizes_slow_events_and_depth(loop_device: LoopDevice, strategy: str) -> None:
-    opts = Options(per_disk=True, disk=loop_device.dev, slow_ms=0.0, strategy=strategy)
+    opts = Options(per_disk=True, disk=loop_device.dev, slow_ms=0.0, depth=True, strategy=strategy)
     with Biolat(opts) as tool:
         start = tool.snapshot()
         reader, writer = known_workload(loop_device)
@@ -89,6 +89,19 @@ def test_exact_counts_sizes_slow_events_and_depth(loop_device: LoopDevice, strat
     assert sum(c.count for k, c in snap.cells.items() if k[2] == KIND_DEPTH) == READS + WRITES
     assert snap.counters["events_lost"] == 0
     assert snap.counters["reqs_full"] == 0 and snap.counters["hists_full"] == 0
+
+
+def test_plain_latency_counts_exactly_with_the_lightest_path(loop_device: LoopDevice) -> None:
+    """No -Q, --slow or --depth: one map operation at issue; counts stay exact."""
+    opts = Options(disk=loop_device.dev)
+    with Biolat(opts) as tool:
+        start = tool.snapshot()
+        known_workload(loop_device)
+        snap = tool.snapshot().since(start)
+    rows = {r.op: (r.count, r.bytes) for r in device_rows(snap, opts)}
+    assert rows == {"read": (READS, READS * 4096), "write": (WRITES, WRITES * 65536)}
+    assert not any(k[2] == KIND_DEPTH for k in snap.cells)
+    assert snap.counters["unmatched"] == 0
 
 
 def test_device_filter_sees_only_its_disk(loop_device: LoopDevice, tmp_path: Any) -> None:

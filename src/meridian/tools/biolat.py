@@ -145,6 +145,7 @@ class Biolat:
                     "latency_unit_ns": o.unit_ns,
                     "filter_dev_on": o.disk is not None,
                     "filter_dev": o.disk or 0,
+                    "track_depth": o.depth,
                     "slow_on": o.slow_ms is not None,
                     "slow_ns": int((o.slow_ms or 0) * 1_000_000),
                     "wakeup_bytes": obj.maps["events"].max_entries // 4,
