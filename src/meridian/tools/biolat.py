@@ -31,6 +31,7 @@ __all__ = ["Biolat", "Options", "Snapshot", "add_parser", "run"]
 
 OPS = ("read", "write", "discard", "flush", "other")
 KIND_LATENCY, KIND_QUEUE, KIND_DEPTH = 0, 1, 2
+INFO_COUNTERS = frozenset({"requeued"})  # counted and shown, but nothing was lost
 
 STRATEGIES = (
     Strategy("tp_btf", ("btf_rq_issue", "btf_rq_complete", "btf_rq_requeue"), ("tp_btf",)),
@@ -301,7 +302,8 @@ def report_json(snap: Snapshot, opts: Options) -> dict[str, Any]:
         {"disk": _disk(dev), **info, "hist": info["hist"].to_json()}
         for dev, info in depth_rows(snap).items()
     ]
-    out["lost"] = snap.counters
+    out["lost"] = {k: v for k, v in snap.counters.items() if k not in INFO_COUNTERS}
+    out["requeued"] = snap.counters.get("requeued", 0)
     return out
 
 
@@ -352,11 +354,13 @@ def report_text(snap: Snapshot, opts: Options, out: TextIO) -> None:
             )
             print(info["hist"].render("depth"), file=out)
     _stats_text(snap, opts, out)
-    lost = {k: v for k, v in snap.counters.items() if v}
+    lost = {k: v for k, v in snap.counters.items() if v and k not in INFO_COUNTERS}
     if lost:
         print(
             "lost: " + ", ".join(f"{k}={v}" for k, v in lost.items()) + _lost_hint(lost), file=out
         )
+    if snap.counters.get("requeued"):
+        print(f"requeued after issue: {snap.counters['requeued']}", file=out)
 
 
 def _lost_hint(lost: dict[str, int]) -> str:
