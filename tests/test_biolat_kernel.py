@@ -179,3 +179,30 @@ def test_text_report_has_the_bcc_histogram(loop_device: LoopDevice) -> None:
     assert "op = read" in out
     assert "      4096 -> 8191       : 64 " in out
     assert "queue depth at issue" in out
+
+
+def test_counts_match_bpftrace_on_the_same_run(loop_device: LoopDevice) -> None:
+    """bpftrace counts the same completions on the same workload: the numbers agree."""
+    script = (
+        f"tracepoint:block:block_rq_complete /args->dev == {loop_device.dev}/ "
+        "{ @n = count(); @sectors = sum(args->nr_sector); }"
+    )
+    bt = subprocess.Popen(["bpftrace", "-e", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert bt.stdout is not None
+        assert "Attaching" in bt.stdout.readline()
+        opts = Options(disk=loop_device.dev)
+        with Biolat(opts) as tool:
+            start = tool.snapshot()
+            known_workload(loop_device)
+            snap = tool.snapshot().since(start)
+        bt.send_signal(signal.SIGINT)
+        out, _ = bt.communicate(timeout=30)
+    finally:
+        if bt.poll() is None:
+            bt.kill()
+            bt.wait()
+    maps = dict(line.split(": ") for line in out.split("\n") if line.startswith("@"))
+    rows = device_rows(snap, opts)
+    assert int(maps["@n"]) == sum(r.count for r in rows) == READS + WRITES
+    assert int(maps["@sectors"]) * 512 == sum(r.bytes for r in rows)
