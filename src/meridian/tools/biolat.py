@@ -59,6 +59,7 @@ class Options:
     strategy: str | None = None
     workload: bool = False
     verbose: bool = False
+    ring_bytes: int = 4 << 20  # slow-I/O ring buffer (a power of two, >= one page)
 
     @property
     def unit(self) -> str:
@@ -149,9 +150,10 @@ class Biolat:
                     "track_depth": o.depth,
                     "slow_on": o.slow_ms is not None,
                     "slow_ns": int((o.slow_ms or 0) * 1_000_000),
-                    "wakeup_bytes": obj.maps["events"].max_entries // 4,
+                    "wakeup_bytes": o.ring_bytes // 4,
                 }
             )
+            obj.resize("events", o.ring_bytes)
             self.selected = self.programs(obj)
             obj.select(self.selected)
             obj.load()
