@@ -152,3 +152,25 @@ def test_without_privileges_the_tools_say_what_to_do() -> None:
     )
     assert d.returncode == 1
     assert "nothing can run here" in d.stdout
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_no_descriptor_leaks_on_success_or_failure(tmp_path: Path) -> None:
+    from meridian.tools.biolat import Biolat, Options
+
+    before = _open_fds()
+    for _ in range(3):
+        with Biolat(Options(slow_ms=5.0, depth=True)) as tool:
+            tool.snapshot()
+    assert _open_fds() == before
+    with BpfObject(object_path("biolat")) as obj:
+        obj.select(["btf_rq_issue"])
+        obj.set_rodata({"slow_on": True})
+        with pytest.raises(KeyError):
+            obj.set_rodata({"no_such_global": 1})
+    assert _open_fds() == before
+    test_verifier_rejection_names_the_program_and_quotes_the_log(tmp_path)
+    assert _open_fds() == before
