@@ -22,9 +22,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _tools() -> list[Any]:
-    from .tools import biolat, doctor
+    from .tools import biolat, doctor, memlat, runqlat
 
-    return [biolat, doctor]
+    return [biolat, memlat, runqlat, doctor]
 
 
 def build_parser() -> argparse.ArgumentParser:

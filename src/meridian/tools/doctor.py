@@ -30,10 +30,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _strategies() -> dict[str, str]:
-    from . import biolat
+    from . import biolat, memlat, runqlat
 
     out = {}
-    for tool, strategies in (("biolat", biolat.STRATEGIES),):
+    for tool, strategies in (
+        ("biolat", biolat.STRATEGIES),
+        ("memlat", memlat.STRATEGIES),
+        ("runqlat", runqlat.STRATEGIES),
+    ):
         try:
             out[tool] = features.choose(strategies).name
         except MeridianError as exc:
