@@ -48,7 +48,9 @@ STRATEGIES = (
     Strategy("fentry", ("fentry_fault", "fexit_fault"), ("fentry",)),
     Strategy("kprobe", ("kprobe_fault", "kretprobe_fault"), ("kprobe",)),
     Strategy(
-        "tp_btf+perf", ("btf_fault_user", "btf_fault_kernel", *PERF_PROGRAMS), ("tp_btf", "perf_event")
+        "tp_btf+perf",
+        ("btf_fault_user", "btf_fault_kernel", *PERF_PROGRAMS),
+        ("tp_btf", "perf_event"),
     ),
     Strategy(
         "tracepoint+perf",
@@ -124,7 +126,12 @@ class Snapshot:
                 d = c
             else:
                 slots = c.slots - p.slots
-                d = Cell(slots, c.sum_ns - p.sum_ns, _interval_max(c, p, slots, self.unit_ns), c.tail - p.tail)
+                d = Cell(
+                    slots,
+                    c.sum_ns - p.sum_ns,
+                    _interval_max(c, p, slots, self.unit_ns),
+                    c.tail - p.tail,
+                )
             if d.count:
                 cells[k] = d
         counters = {k: v - prev.counters.get(k, 0) for k, v in self.counters.items()}
@@ -241,7 +248,9 @@ class Memlat:
             obj.attach([p for p in self.strategy.programs if p not in PERF_PROGRAMS])
             if PERF_PROGRAMS[0] in self.strategy.programs:
                 for prog, event in zip(
-                    PERF_PROGRAMS, (PerfEvent.PAGE_FAULTS_MIN, PerfEvent.PAGE_FAULTS_MAJ), strict=True
+                    PERF_PROGRAMS,
+                    (PerfEvent.PAGE_FAULTS_MIN, PerfEvent.PAGE_FAULTS_MAJ),
+                    strict=True,
                 ):
                     _attach_per_cpu(obj, prog, event)
         except BaseException:
@@ -271,8 +280,12 @@ class Memlat:
         inflight = len(self.obj.maps["starts"].keys())
         # LRU evictions are not reported by the kernel: they are what is left over.
         counters["evicted"] = max(
-            0, counters["started"] - counters["matched"] - counters["stale"]
-            - counters["failed"] - inflight
+            0,
+            counters["started"]
+            - counters["matched"]
+            - counters["stale"]
+            - counters["failed"]
+            - inflight,
         )
         return Snapshot(time.monotonic(), cells, counters, inflight, 0.0, self.opts.unit_ns)
 
@@ -299,8 +312,8 @@ def _groups(snap: Snapshot, opts: Options) -> list[tuple[str, Summary, dict[str,
     if opts.per_process:
         procs = sorted(
             {(p, c) for (p, _, c) in snap.cells},
-            key=lambda pc: -sum(
-                cell.count for (p, _, c), cell in snap.cells.items() if (p, c) == pc
+            key=lambda pc: (
+                -sum(cell.count for (p, _, c), cell in snap.cells.items() if (p, c) == pc)
             ),
         )
         for pid, comm in procs:
@@ -352,9 +365,7 @@ def report_text(snap: Snapshot, opts: Options, out: TextIO) -> None:
         print(f"\nall faults: {total.tail_line(opts)}", file=out)
     lost = {k: v for k, v in snap.lost().items() if v}
     if lost:
-        print(
-            "not in the histograms: " + ", ".join(f"{k}={v}" for k, v in lost.items()), file=out
-        )
+        print("not in the histograms: " + ", ".join(f"{k}={v}" for k, v in lost.items()), file=out)
 
 
 # ---- validation: the seed's on/off experiment --------------------------------------
@@ -423,24 +434,28 @@ def validate(opts: Options, seconds: float, megabytes: int) -> tuple[bool, dict[
         "more_tail_events": c_on.summary.tail > c_off.summary.tail,
         "workload_faults_within_5pct": err <= 0.05,
     }
-    report = {
+    passed = all(checks.values())
+    report: dict[str, Any] = {
         "time": iso_now(),
         "strategy": strategy,
         "unit": vopts.unit,
         "seconds": seconds,
         "tail_threshold_us": vopts.threshold_us,
-        "workload": {"pid": pid, "pages_touched": pages, "faults": c_on.workload_faults,
-                     "error": round(err, 6)},
+        "workload": {
+            "pid": pid,
+            "pages_touched": pages,
+            "faults": c_on.workload_faults,
+            "error": round(err, 6),
+        },
         "cases": [
             {"case": c.name, "seconds": round(c.seconds, 3), **c.summary.as_dict(vopts)}
             for c in cases
         ],
         "checks": checks,
-        "passed": all(checks.values()),
-        "lost": {c: (off if c == "OFF" else on).lost()
-                 for c in ("OFF", "ON")},
+        "passed": passed,
+        "lost": {c: (off if c == "OFF" else on).lost() for c in ("OFF", "ON")},
     }
-    return report["passed"], report
+    return passed, report
 
 
 def validate_text(report: dict[str, Any], out: TextIO) -> None:
@@ -464,8 +479,15 @@ def validate_text(report: dict[str, Any], out: TextIO) -> None:
     ]
     thr = f"{report['tail_threshold_us']:g}{u}"
     print_table(
-        ["Case", "Total faults", f"Tail events (>= {thr})", "Tail share",
-         f"p50({u})", f"p99({u})", f"max({u})"],
+        [
+            "Case",
+            "Total faults",
+            f"Tail events (>= {thr})",
+            "Tail share",
+            f"p50({u})",
+            f"p99({u})",
+            f"max({u})",
+        ],
         rows,
         out,
     )
@@ -478,7 +500,8 @@ def validate_text(report: dict[str, Any], out: TextIO) -> None:
     for name, ok in report["checks"].items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name.replace('_', ' ')}", file=out)
     print(
-        "\nthe metric responds to the workload" if report["passed"]
+        "\nthe metric responds to the workload"
+        if report["passed"]
         else "\nFAILED: the metric did not respond as expected",
         file=out,
     )
@@ -516,9 +539,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("-P", "--pids", action="store_true", help="one histogram per process")
     p.add_argument("-p", "--pid", metavar="PID", help="trace this process only")
     p.add_argument("--ns", action="store_true", help="histograms in nsecs")
-    p.add_argument(
-        "--threshold", metavar="US", help="tail threshold in microseconds (default 8)"
-    )
+    p.add_argument("--threshold", metavar="US", help="tail threshold in microseconds (default 8)")
     p.add_argument("-T", "--timestamp", action="store_true", help="print a timestamp per report")
     p.add_argument("--json", action="store_true", help="JSON lines instead of text")
     p.add_argument("-o", "--output", metavar="FILE", help="also write the reports to FILE")
@@ -615,7 +636,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--seconds and --mb belong to 'meridian memlat validate'")
     opts = options_from_args(args, validating)
     with contextlib.ExitStack() as stack:
-        f = stack.enter_context(open(opts.output, "w")) if opts.output else None  # noqa: SIM115
+        f = stack.enter_context(open(opts.output, "w")) if opts.output else None
         out: TextIO = _Tee(sys.stdout, f)  # type: ignore[assignment]
         if validating:
             if args.count is not None:

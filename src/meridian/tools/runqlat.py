@@ -89,6 +89,19 @@ class Snapshot:
         counters = {k: v - prev.counters.get(k, 0) for k, v in self.counters.items()}
         return Snapshot(self.t, cells, counters, self.t - prev.t)
 
+    def __add__(self, other: Snapshot) -> Snapshot:
+        """Two intervals together (for cases measured in several rounds)."""
+        cells = dict(self.cells)
+        for k, c in other.cells.items():
+            p = cells.get(k)
+            cells[k] = (
+                c
+                if p is None
+                else Cell(p.slots + c.slots, p.sum_ns + c.sum_ns, max(p.max_ns, c.max_ns))
+            )
+        counters = {k: self.counters.get(k, 0) + v for k, v in other.counters.items()}
+        return Snapshot(max(self.t, other.t), cells, counters, self.seconds + other.seconds)
+
     def hist(self, unit: str) -> Log2Hist:
         return Log2Hist.merge((Log2Hist(c.slots, unit) for c in self.cells.values()), NSLOTS, unit)
 
@@ -222,8 +235,16 @@ def report_text(snap: Snapshot, opts: Options, out: TextIO) -> None:
 def spinners(workers: int, seconds: float) -> Iterator[subprocess.Popen[bytes]]:
     """`workers` busy processes for `seconds` (the built-in `spin` workload)."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "meridian.workloads", "spin", "--workers", str(workers),
-         "--seconds", str(seconds)]
+        [
+            sys.executable,
+            "-m",
+            "meridian.workloads",
+            "spin",
+            "--workers",
+            str(workers),
+            "--seconds",
+            str(seconds),
+        ]
     )
     try:
         yield child
@@ -240,7 +261,7 @@ def spinners(workers: int, seconds: float) -> Iterator[subprocess.Popen[bytes]]:
 def measure(tool: Runqlat, workers: int, seconds: float) -> Snapshot:
     """Run-queue latency while `workers` busy processes run for `seconds`."""
     with spinners(workers, seconds + 1) as child:
-        time.sleep(0.5)  # let the workers start (interpreter start-up is not the case)
+        time.sleep(0.3)  # let the workers start (interpreter start-up is not the case)
         s0 = tool.snapshot()
         time.sleep(seconds)
         s1 = tool.snapshot()
@@ -248,20 +269,33 @@ def measure(tool: Runqlat, workers: int, seconds: float) -> Snapshot:
     return s1.since(s0)
 
 
-def validate(opts: Options, seconds: float, workers: int | None = None) -> dict[str, Any]:
-    """OFF: one busy process; ON: `workers` (default twice the CPUs) busy processes."""
+def validate(
+    opts: Options, seconds: float, workers: int | None = None, rounds: int = 3
+) -> dict[str, Any]:
+    """OFF: one busy process; ON: `workers` (default twice the CPUs) busy processes.
+    `seconds` per case, taken in `rounds` alternating OFF/ON slices, so a burst of
+    unrelated load on the host does not land on one case only."""
     ncpu = online_cpu_count()
     on_workers = workers or 2 * ncpu
+    slice_s = seconds / rounds
     with Runqlat(opts) as tool:
-        off = measure(tool, 1, seconds)
-        on = measure(tool, on_workers, seconds)
+        off = on = Snapshot(0.0, {})
+        for _ in range(rounds):
+            off = off + measure(tool, 1, slice_s)
+            on = on + measure(tool, on_workers, slice_s)
         strategy = tool.strategy.name
     cases = []
     for name, w, snap in (("OFF", 1, off), ("ON", on_workers, on)):
         merged = _groups(snap, Options(millis=opts.millis))
         cell = merged[0][1] if merged else Cell(np.zeros(NSLOTS, np.uint64), 0, 0)
-        cases.append({"case": name, "busy_processes": w, "seconds": round(snap.seconds, 3),
-                      **_stats(cell, opts)})
+        cases.append(
+            {
+                "case": name,
+                "busy_processes": w,
+                "seconds": round(snap.seconds, 3),
+                **_stats(cell, opts),
+            }
+        )
     checks = {
         "p99_higher": cases[1]["p99_ns"] > cases[0]["p99_ns"],
         "events_seen": cases[0]["count"] > 0 and cases[1]["count"] > 0,
@@ -286,15 +320,22 @@ def validate_text(report: dict[str, Any], out: TextIO) -> None:
         file=out,
     )
     rows = [
-        [c["case"], str(c["busy_processes"]), str(c["count"]), f"{c['p50_ns'] / 1000:.1f}",
-         f"{c['p99_ns'] / 1000:.1f}", f"{c['max_ns'] / 1000:.0f}"]
+        [
+            c["case"],
+            str(c["busy_processes"]),
+            str(c["count"]),
+            f"{c['p50_ns'] / 1000:.1f}",
+            f"{c['p99_ns'] / 1000:.1f}",
+            f"{c['max_ns'] / 1000:.0f}",
+        ]
         for c in report["cases"]
     ]
     print_table(["Case", "Busy", "Events", "p50(us)", "p99(us)", "max(us)"], rows, out)
     for name, ok in report["checks"].items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name.replace('_', ' ')}", file=out)
     print(
-        "\nthe metric responds to the workload" if report["passed"]
+        "\nthe metric responds to the workload"
+        if report["passed"]
         else "\nFAILED: the metric did not respond as expected",
         file=out,
     )
