@@ -46,6 +46,14 @@ struct {
 	__type(value, struct memlat_hist);
 } hists SEC(".maps");
 
+/* Without -P: one histogram per kind, indexed by enum memlat_kind (no hashing). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct memlat_hist);
+} totals SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
@@ -74,7 +82,8 @@ static __always_inline bool filtered(__u64 pid_tgid)
 	return filter_pid && (__u32)(pid_tgid >> 32) != filter_pid;
 }
 
-/* A fault starts in this thread. */
+/* A fault starts in this thread. A thread keeps its entry between faults (ts_ns 0 when
+ * closed): an update in place is much cheaper than an insert and a delete per fault. */
 static __always_inline void fault_start(__u32 flags)
 {
 	__u64 id = bpf_get_current_pid_tgid();
@@ -89,7 +98,8 @@ static __always_inline void fault_start(__u32 flags)
 			st->retrying = 0;
 			return;
 		}
-		COUNT(stale);
+		if (st->ts_ns)
+			COUNT(stale);
 		st->ts_ns = bpf_ktime_get_ns();
 		st->flags = flags;
 		COUNT(started);
@@ -107,22 +117,28 @@ static __always_inline void fault_end(__u64 id, struct memlat_start *st, enum me
 	__u64 delta = bpf_ktime_get_ns() - st->ts_ns;
 	struct memlat_key key = { .kind = kind };
 	struct memlat_hist *h;
+	__u32 idx = kind;
 
-	bpf_map_delete_elem(&starts, &id);
+	st->ts_ns = 0;
 	COUNT(matched);
 	if (per_process) {
 		key.pid = id >> 32;
 		bpf_get_current_comm(&key.comm, sizeof(key.comm));
+		h = lookup_or_init(&hists, &key, &zero_hist);
+	} else {
+		h = bpf_map_lookup_elem(&totals, &idx);
 	}
-	h = lookup_or_init(&hists, &key, &zero_hist);
 	if (!h) {
 		COUNT(hists_full);
 		return;
 	}
-	__sync_fetch_and_add(&h->slots[hist_slot(delta / latency_unit_ns, MEMLAT_MAX_SLOTS)], 1);
-	__sync_fetch_and_add(&h->sum_ns, delta);
+	/* A per-CPU value, and exits do not nest on a CPU (perf_event programs are kept
+	 * from nesting by the kernel; faults do not run handle_mm_fault in interrupts):
+	 * plain adds are exact and cheaper than atomics. */
+	h->slots[hist_slot(delta / latency_unit_ns, MEMLAT_MAX_SLOTS)]++;
+	h->sum_ns += delta;
 	if (delta >= tail_ns)
-		__sync_fetch_and_add(&h->tail, 1);
+		h->tail++;
 	if (delta > h->max_ns)
 		h->max_ns = delta;
 }
@@ -136,7 +152,7 @@ static __always_inline int perf_exit(enum memlat_kind kind)
 	if (filtered(id))
 		return 0;
 	st = bpf_map_lookup_elem(&starts, &id);
-	if (!st) {
+	if (!st || !st->ts_ns) {
 		COUNT(unmatched);
 		return 0;
 	}
@@ -153,7 +169,7 @@ static __always_inline void ret_exit(__u32 ret)
 	if (filtered(id))
 		return;
 	st = bpf_map_lookup_elem(&starts, &id);
-	if (!st) {
+	if (!st || !st->ts_ns) {
 		COUNT(unmatched);
 		return;
 	}
@@ -163,7 +179,7 @@ static __always_inline void ret_exit(__u32 ret)
 		return;
 	}
 	if (ret & VM_FAULT_ERROR_BITS) {
-		bpf_map_delete_elem(&starts, &id);
+		st->ts_ns = 0;
 		COUNT(failed);
 		return;
 	}

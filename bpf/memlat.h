@@ -26,7 +26,7 @@ struct memlat_hist {
 	__u64 tail;	/* faults at or above the tail threshold, counted exactly */
 };
 
-/* A fault in progress, keyed by pid_tgid. */
+/* A thread's fault in progress (ts_ns 0 between faults), keyed by pid_tgid. */
 struct memlat_start {
 	__u64 ts_ns;
 	__u32 flags;	/* handle_mm_fault flags (fentry/kprobe paths) */

@@ -265,10 +265,17 @@ class Memlat:
 
     def snapshot(self) -> Snapshot:
         assert self.obj is not None
-        keys, vals = self.obj.maps["hists"].items()
         cells: dict[Key, Cell] = {}
-        for k, v in zip(keys, vals, strict=True):  # v: one value per CPU
-            key = (int(k["pid"]), int(k["kind"]), bytes(k["comm"]).decode(errors="replace"))
+        if self.opts.per_process:
+            keys, vals = self.obj.maps["hists"].items()
+            labels = [
+                (int(k["pid"]), int(k["kind"]), bytes(k["comm"]).decode(errors="replace"))
+                for k in keys
+            ]
+        else:
+            keys, vals = self.obj.maps["totals"].items()
+            labels = [(0, int(k), "") for k in keys]
+        for key, v in zip(labels, vals, strict=True):  # v: one value per CPU
             cells[key] = Cell(
                 v["slots"].sum(axis=0).astype(np.uint64),
                 int(v["sum_ns"].sum()),
@@ -277,7 +284,8 @@ class Memlat:
             )
         per_cpu = self.obj.maps["counters"].lookup(0)
         counters = {n: int(per_cpu[n].sum()) for n in per_cpu.dtype.names}
-        inflight = len(self.obj.maps["starts"].keys())
+        _, starts = self.obj.maps["starts"].items()
+        inflight = int((starts["ts_ns"] != 0).sum()) if len(starts) else 0
         # LRU evictions are not reported by the kernel: they are what is left over.
         counters["evicted"] = max(
             0,
