@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -98,3 +100,49 @@ def test_strategy_choice_and_every_program_compiled() -> None:
             pass  # this kernel refuses it: choose() must not pick it either
         else:
             assert Memlat(Options()).strategy.name in ("fentry", "kprobe")
+
+
+BAD_WRITES = 100
+FAILING_CHILD = f"""
+import ctypes, mmap, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+r, w = os.pipe()
+print("ready", flush=True)
+sys.stdin.readline()
+for _ in range({BAD_WRITES}):
+    # The kernel faults on an unmapped user address and fails the copy (EFAULT):
+    # the fault never reaches the end of handle_mm_fault.
+    assert libc.write(w, ctypes.c_void_p(0x1000), 1) == -1
+m = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+m[0] = 1  # a fault that finishes, after the last failed one
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_failed_faults_are_counted_stale_exactly() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", FAILING_CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdin is not None and child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        with Memlat(Options(pid=child.pid)) as tool:
+            before = tool.snapshot()
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "done"
+            snap = tool.snapshot().since(before)
+        # Each failed fault is overwritten by the thread's next fault: one stale each.
+        assert snap.counters["stale"] == BAD_WRITES
+        assert snap.counters["unmatched"] == 0
+        assert snap.total("usecs").count >= 1
+    finally:
+        child.kill()
+        child.wait()
+        for f in (child.stdin, child.stdout):
+            if f:
+                f.close()

@@ -10,6 +10,7 @@ import argparse
 import json
 import mmap
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -82,7 +83,9 @@ def _spin_child(seconds: float) -> None:
 
 
 def spin(workers: int, seconds: float) -> None:
-    """`workers` processes, each one busy thread spinning on the CPU for `seconds`."""
+    """`workers` processes, each one busy thread spinning on the CPU for `seconds`.
+    SIGTERM stops them all (none is left spinning behind)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     pids = []
     for _ in range(workers):
         pid = os.fork()
@@ -92,6 +95,7 @@ def spin(workers: int, seconds: float) -> None:
             finally:
                 os._exit(0)
         pids.append(pid)
+    print(json.dumps({"pids": pids}), flush=True)
     try:
         for pid in pids:
             os.waitpid(pid, 0)

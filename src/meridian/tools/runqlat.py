@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from ..bpf import BpfObject, Strategy, choose, object_path
-from ..errors import NotSupported, UsageError
+from ..errors import UsageError
 from ..hist import Log2Hist
 from ..output import JsonWriter, iso_now, print_table
 from ..system import ensure_ready, online_cpu_count
@@ -112,12 +113,6 @@ class Runqlat:
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.strategy = choose(STRATEGIES, opts.strategy)
-        if self.strategy.name == "tracepoint" and opts.per_process:
-            raise NotSupported(
-                "-P with the tracepoint strategy",
-                "the plain sched tracepoints carry thread IDs only",
-                "use a kernel with tp_btf (Linux >= 5.5 with BTF)",
-            )
         self.obj: BpfObject | None = None
 
     def __enter__(self) -> Runqlat:
@@ -147,15 +142,21 @@ class Runqlat:
 
     def snapshot(self) -> Snapshot:
         assert self.obj is not None
-        keys, vals = self.obj.maps["hists"].items()
+        if self.opts.per_process:
+            keys, vals = self.obj.maps["hists"].items()
+            labels = [(int(k["pid"]), bytes(k["comm"]).decode(errors="replace")) for k in keys]
+        else:
+            _, vals = self.obj.maps["totals"].items()
+            labels = [(0, "")] * len(vals)
         cells = {
-            (int(k["pid"]), bytes(k["comm"]).decode(errors="replace")): Cell(
+            key: Cell(
                 v["slots"].sum(axis=0).astype(np.uint64),
                 int(v["sum_ns"].sum()),
                 int(v["max_ns"].max()),
             )
-            for k, v in zip(keys, vals, strict=True)
+            for key, v in zip(labels, vals, strict=True)
         }
+        cells = {k: c for k, c in cells.items() if c.count}
         per_cpu = self.obj.maps["counters"].lookup(0)
         counters = {n: int(per_cpu[n].sum()) for n in per_cpu.dtype.names}
         return Snapshot(time.monotonic(), cells, counters)
@@ -232,8 +233,8 @@ def report_text(snap: Snapshot, opts: Options, out: TextIO) -> None:
 
 
 @contextlib.contextmanager
-def spinners(workers: int, seconds: float) -> Iterator[subprocess.Popen[bytes]]:
-    """`workers` busy processes for `seconds` (the built-in `spin` workload)."""
+def spinners(workers: int, seconds: float) -> Iterator[list[int]]:
+    """`workers` busy processes for `seconds` (the built-in `spin` workload): their PIDs."""
     child = subprocess.Popen(
         [
             sys.executable,
@@ -244,10 +245,13 @@ def spinners(workers: int, seconds: float) -> Iterator[subprocess.Popen[bytes]]:
             str(workers),
             "--seconds",
             str(seconds),
-        ]
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
-        yield child
+        assert child.stdout is not None
+        yield [int(p) for p in json.loads(child.stdout.readline())["pids"]]
     finally:
         if child.poll() is None:
             child.terminate()
@@ -256,17 +260,28 @@ def spinners(workers: int, seconds: float) -> Iterator[subprocess.Popen[bytes]]:
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+        if child.stdout:
+            child.stdout.close()
 
 
-def measure(tool: Runqlat, workers: int, seconds: float) -> Snapshot:
-    """Run-queue latency while `workers` busy processes run for `seconds`."""
-    with spinners(workers, seconds + 1) as child:
-        time.sleep(0.3)  # let the workers start (interpreter start-up is not the case)
+def measure(tool: Runqlat, workers: int, seconds: float) -> tuple[Snapshot, set[int]]:
+    """Run-queue latency while `workers` busy processes run for `seconds`, and their PIDs."""
+    with spinners(workers, seconds + 2) as pids:
+        time.sleep(0.2)  # let them spin
         s0 = tool.snapshot()
         time.sleep(seconds)
         s1 = tool.snapshot()
-        child.terminate()
-    return s1.since(s0)
+    return s1.since(s0), set(pids)
+
+
+def _only(snap: Snapshot, pids: set[int]) -> Snapshot:
+    return Snapshot(snap.t, {k: c for k, c in snap.cells.items() if k[0] in pids})
+
+
+def _case(name: str, workers: int, snap: Snapshot, opts: Options) -> dict[str, Any]:
+    merged = _groups(snap, Options(millis=opts.millis))
+    cell = merged[0][1] if merged else Cell(np.zeros(NSLOTS, np.uint64), 0, 0)
+    return {"case": name, "busy_processes": workers, **_stats(cell, opts)}
 
 
 def validate(
@@ -274,28 +289,30 @@ def validate(
 ) -> dict[str, Any]:
     """OFF: one busy process; ON: `workers` (default twice the CPUs) busy processes.
     `seconds` per case, taken in `rounds` alternating OFF/ON slices, so a burst of
-    unrelated load on the host does not land on one case only."""
+    unrelated load on the host does not land on one case only. The check is on the
+    busy processes' own waits (other load on the host moves both cases alike); the
+    whole system is reported too."""
     ncpu = online_cpu_count()
     on_workers = workers or 2 * ncpu
     slice_s = seconds / rounds
-    with Runqlat(opts) as tool:
-        off = on = Snapshot(0.0, {})
+    vopts = Options(**{**opts.__dict__, "per_process": True, "pid": None})
+    with Runqlat(vopts) as tool:
+        parts: dict[str, list[Snapshot]] = {k: [] for k in ("OFF", "ON", "OFF w", "ON w")}
         for _ in range(rounds):
-            off = off + measure(tool, 1, slice_s)
-            on = on + measure(tool, on_workers, slice_s)
+            for name, w in (("OFF", 1), ("ON", on_workers)):
+                snap, pids = measure(tool, w, slice_s)
+                parts[name].append(snap)
+                parts[name + " w"].append(_only(snap, pids))
         strategy = tool.strategy.name
-    cases = []
-    for name, w, snap in (("OFF", 1, off), ("ON", on_workers, on)):
-        merged = _groups(snap, Options(millis=opts.millis))
-        cell = merged[0][1] if merged else Cell(np.zeros(NSLOTS, np.uint64), 0, 0)
-        cases.append(
-            {
-                "case": name,
-                "busy_processes": w,
-                "seconds": round(snap.seconds, 3),
-                **_stats(cell, opts),
-            }
-        )
+    total = {k: sum(v[1:], v[0]) for k, v in parts.items()}
+    cases = [
+        _case("OFF", 1, total["OFF w"], opts),
+        _case("ON", on_workers, total["ON w"], opts),
+    ]
+    system = [
+        _case("OFF", 1, total["OFF"], opts),
+        _case("ON", on_workers, total["ON"], opts),
+    ]
     checks = {
         "p99_higher": cases[1]["p99_ns"] > cases[0]["p99_ns"],
         "events_seen": cases[0]["count"] > 0 and cases[1]["count"] > 0,
@@ -304,33 +321,36 @@ def validate(
         "time": iso_now(),
         "strategy": strategy,
         "cpus": ncpu,
+        "seconds": seconds,
         "unit": opts.unit,
         "cases": cases,
+        "system": system,
         "checks": checks,
         "passed": all(checks.values()),
     }
 
 
 def validate_text(report: dict[str, Any], out: TextIO) -> None:
-    c0 = report["cases"][0]
     print(
-        f"runqlat validate: {c0['seconds']:g} s with 1 busy process (OFF), then with "
-        f"{report['cases'][1]['busy_processes']} on {report['cpus']} CPUs (ON); "
-        f"strategy {report['strategy']}\n",
+        f"runqlat validate: {report['seconds']:g} s with 1 busy process (OFF), then "
+        f"{report['seconds']:g} s with {report['cases'][1]['busy_processes']} on "
+        f"{report['cpus']} CPUs (ON), alternating; strategy {report['strategy']}\n",
         file=out,
     )
     rows = [
         [
             c["case"],
+            scope,
             str(c["busy_processes"]),
             str(c["count"]),
             f"{c['p50_ns'] / 1000:.1f}",
             f"{c['p99_ns'] / 1000:.1f}",
             f"{c['max_ns'] / 1000:.0f}",
         ]
-        for c in report["cases"]
+        for scope, key in (("busy processes", "cases"), ("whole system", "system"))
+        for c in report[key]
     ]
-    print_table(["Case", "Busy", "Events", "p50(us)", "p99(us)", "max(us)"], rows, out)
+    print_table(["Case", "Tasks", "Busy", "Events", "p50(us)", "p99(us)", "max(us)"], rows, out)
     for name, ok in report["checks"].items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name.replace('_', ' ')}", file=out)
     print(
