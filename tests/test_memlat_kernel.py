@@ -7,6 +7,7 @@ import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +147,17 @@ def test_failed_faults_are_counted_stale_exactly() -> None:
         for f in (child.stdin, child.stdout):
             if f:
                 f.close()
+
+
+def test_output_file_gets_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "faults.json"
+    p = subprocess.run(
+        [sys.executable, "-m", "meridian", "memlat", "--duration", "0.5", "--json", "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    saved = out.read_text()
+    assert saved == p.stdout
+    assert json.loads(saved)["unit"] == "usecs"
