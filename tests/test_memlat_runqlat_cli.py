@@ -81,3 +81,38 @@ def test_interval_is_a_difference_and_max_is_honest() -> None:
     s = d.total("usecs")
     assert s.count == 25
     assert s.as_dict(Options())["p99_ns"] <= got.max_ns
+
+
+@pytest.mark.parametrize(
+    ("have", "memlat_pick", "runqlat_pick"),
+    [
+        ({"fentry", "kprobe", "tp_btf", "tracepoint", "perf_event"}, "fentry", "tp_btf"),
+        ({"kprobe", "tp_btf", "tracepoint", "perf_event"}, "kprobe", "tp_btf"),
+        ({"tp_btf", "tracepoint", "perf_event"}, "tp_btf+perf", "tp_btf"),
+        ({"tracepoint", "perf_event"}, "tracepoint+perf", "tracepoint"),
+    ],
+)
+def test_strategy_order_best_first(
+    monkeypatch: pytest.MonkeyPatch, have: set[str], memlat_pick: str, runqlat_pick: str
+) -> None:
+    from meridian.bpf import features
+    from meridian.tools import memlat, runqlat
+
+    def fake(feature: str) -> features.Probe:
+        return features.Probe(feature, feature in have, "fake")
+
+    monkeypatch.setattr(features, "probe", fake)
+    assert features.choose(memlat.STRATEGIES).name == memlat_pick
+    assert features.choose(runqlat.STRATEGIES).name == runqlat_pick
+
+
+def test_memlat_without_perf_events_has_no_strategy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from meridian.bpf import features
+    from meridian.errors import NotSupported
+    from meridian.tools import memlat
+
+    monkeypatch.setattr(
+        features, "probe", lambda f: features.Probe(f, f in {"tracepoint", "tp_btf"}, "fake")
+    )
+    with pytest.raises(NotSupported):
+        features.choose(memlat.STRATEGIES)
