@@ -3,7 +3,9 @@
  * (seed 001), as log2 histograms per minor/major fault (and per process with -P).
  *
  * Strategies for the same logic, picked at run time by autoload, best first:
- *   fentry_* / fexit_*: handle_mm_fault itself (needs BPF trampolines);
+ *   fentry_* / fexit_*: handle_mm_fault itself (needs BPF trampolines); these also
+ *          see faults taken for get_user_pages() (no pt_regs), which emit no perf
+ *          event and so are not in the histograms of the perf strategies;
  *   kprobe_* / kretprobe_*: the same on kprobes;
  *   btf_* + perf_*: the exceptions:page_fault_user/kernel tracepoints (tp_btf) as
  *          entry, and perf_event programs on the software events page-faults-min and
@@ -94,8 +96,11 @@ static __always_inline void fault_start(__u32 flags)
 	st = bpf_map_lookup_elem(&starts, &id);
 	if (st) {
 		if (st->retrying) {
-			/* handle_mm_fault called again after VM_FAULT_RETRY: the same fault. */
+			/* handle_mm_fault called again after VM_FAULT_RETRY: the same fault,
+			 * started at the first call; the last call's flags decide major/minor
+			 * (FAULT_FLAG_TRIED is set there when the kernel retried it). */
 			st->retrying = 0;
+			st->flags = flags;
 			return;
 		}
 		if (st->ts_ns)
@@ -174,8 +179,7 @@ static __always_inline void ret_exit(__u32 ret)
 		return;
 	}
 	if (ret & VM_FAULT_RETRY_BIT) {
-		st->retrying = 1;
-		st->flags |= FAULT_FLAG_TRIED_BIT;
+		st->retrying = 1;	/* not finished: mm_account_fault() waits too */
 		return;
 	}
 	if (ret & VM_FAULT_ERROR_BITS) {
