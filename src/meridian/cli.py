@@ -22,9 +22,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _tools() -> list[Any]:
-    from .tools import biolat, doctor
+    from .tools import biolat, doctor, syscalls
 
-    return [biolat, doctor]
+    return [biolat, doctor, syscalls]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,10 +30,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _strategies() -> dict[str, str]:
-    from . import biolat
+    from . import biolat, syscalls
 
     out = {}
-    for tool, strategies in (("biolat", biolat.STRATEGIES),):
+    for tool, strategies in (("biolat", biolat.STRATEGIES), ("syscalls", syscalls.STRATEGIES)):
         try:
             out[tool] = features.choose(strategies).name
         except MeridianError as exc:
