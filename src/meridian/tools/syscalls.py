@@ -239,7 +239,9 @@ def build_filter(opts: Options, replay: bool) -> Filter | None:
 
 class Pipeline:
     """Events -> Aggregator -> (compact) -> filtered; prints each row once, when it is
-    complete (a compact row when its end arrives, a full-log event when it arrives)."""
+    complete (a compact row when its end arrives, a full-log event when it arrives).
+    Rows completed by one batch of events are printed at `flush()` in index order, so
+    a start row that matches only once its end is in comes before that end."""
 
     def __init__(self, opts: Options, out: TextIO, replay: bool = False) -> None:
         self.opts = opts
@@ -250,6 +252,7 @@ class Pipeline:
         self.view = FilteredLog(source, build_filter(opts, replay))
         self.view.on_change(self._changed)
         self._printed: set[int] = set()
+        self._ready: list[Syscall] = []
         self.events = 0
         self.first_index: int | None = None
         self.last_index = -1
@@ -274,7 +277,14 @@ class Pipeline:
         if sc.index in self._printed or not self._done(sc):
             return
         self._printed.add(sc.index)
-        self._print(sc)
+        self._ready.append(sc)
+
+    def flush(self) -> None:
+        self._ready.sort(key=lambda sc: sc.index)
+        for sc in self._ready:
+            self._print(sc)
+        self._ready.clear()
+        self.out.flush()
 
     def _print(self, sc: Syscall) -> None:
         if self.opts.json:
@@ -285,12 +295,13 @@ class Pipeline:
             self.out.write(compact_line(sc) + "\n")
 
     def finish(self) -> None:
-        """Rows still open (no end seen) at the end, in order."""
+        """Then the rows still open (no end seen), in order."""
+        self.flush()
         for sc in self.view:
             if sc.index not in self._printed:
                 self._printed.add(sc.index)
-                self._print(sc)
-        self.out.flush()
+                self._ready.append(sc)
+        self.flush()
 
 
 def _summary(p: Pipeline, counters: dict[str, int] | None, err: TextIO) -> None:
@@ -345,7 +356,7 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
                         if recorder is not None:
                             recorder.write(sc)
                         p.add(sc)
-                    out.flush()
+                    p.flush()
                     if done or (end is not None and time.monotonic() >= end):
                         break
             except KeyboardInterrupt:

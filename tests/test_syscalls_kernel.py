@@ -1,0 +1,137 @@
+"""`meridian syscalls` against the real kernel: a small C program (built here with gcc)
+opens a file, reads it, fails to open a missing one, renames a file and exits. The
+capture must show exactly those calls, paired, with paths, fd paths, -2 ENOENT and
+start/end indices pointing at each other; record then replay gives the same log."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.kernel
+
+PROG = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+	char buf[64];
+	int fd = open(argv[1], O_RDONLY);
+
+	if (fd < 0 || read(fd, buf, sizeof(buf)) < 0 || close(fd))
+		return 1;
+	if (open(argv[2], O_RDONLY) >= 0)
+		return 2;
+	if (rename(argv[3], argv[4]))
+		return 3;
+	return 0;
+}
+"""
+CONTENT = b"hello meridian\n"  # 15 bytes
+
+
+@pytest.fixture(scope="module")
+def prog(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    d = tmp_path_factory.mktemp("prog").resolve()
+    (d / "prog.c").write_text(PROG)
+    subprocess.run(["gcc", "-O1", "-o", str(d / "prog"), str(d / "prog.c")], check=True)
+    return d / "prog"
+
+
+def meridian(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "meridian", "syscalls", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line]
+
+
+@pytest.mark.parametrize("strategy", ["tp_btf", "tracepoint"])
+def test_prog_calls_paired_with_paths(prog: Path, tmp_path: Path, strategy: str) -> None:
+    tmp = tmp_path.resolve()
+    src, missing, a, b = tmp / "input.txt", tmp / "missing.txt", tmp / "a", tmp / "b"
+    src.write_bytes(CONTENT)
+    a.write_text("x")
+    rec = tmp / "rec.jsonl"
+    live = meridian(
+        "--json", "--strategy", strategy, "-w", str(rec), "--", str(prog),
+        str(src), str(missing), str(a), str(b),
+    )  # fmt: skip
+    assert live.returncode == 0, live.stderr
+    assert b.exists() and not a.exists()
+    assert "0 lost" in live.stderr
+    rows = _json_lines(live.stdout)
+    assert {r["pid"] for r in rows} == {rows[0]["pid"]}  # the command only
+    assert rows[0]["syscall"] == "execve" and rows[0]["args"][0] == json.dumps(str(prog))
+    first = next(i for i, r in enumerate(rows) if r.get("paths") == [str(src)])
+    calls = [(r["syscall"], r["args"], r.get("result_text")) for r in rows[first:]]
+    assert calls == [
+        ("openat", ["AT_FDCWD", json.dumps(str(src)), "O_RDONLY"], "3"),
+        ("read", [f"3<{src}>", calls[1][1][1], "64"], str(len(CONTENT))),
+        ("close", [f"3<{src}>"], "0"),
+        ("openat", ["AT_FDCWD", json.dumps(str(missing)), "O_RDONLY"], "-2 ENOENT"),
+        ("rename", [json.dumps(str(a)), json.dumps(str(b))], "0"),
+        ("exit_group", ["0"], None),
+    ]
+    for r in rows[first:-1]:
+        assert r["is_start"] and r["is_end"] and r["end_index"] > r["start_index"] == r["index"]
+        assert r["duration_us"] >= 0
+    assert rows[first + 1]["fd_path"] == str(src)
+    assert rows[-1]["end_index"] == -1 and "result" not in rows[-1]  # exit_group stays open
+
+    # The full log of the replay: every start and end point at each other.
+    full = _json_lines(meridian("-r", str(rec), "--json", "--full").stdout)
+    by_index = {r["index"]: r for r in full}
+    assert len(by_index) == len(full) == 2 * len(rows) - 1  # exit_group has no end
+    for r in full:
+        if r["is_start"] and r["end_index"] >= 0:
+            end = by_index[r["end_index"]]
+            assert end["is_end"] and end["start_index"] == r["index"]
+            assert end["syscall"] == r["syscall"] and end["tid"] == r["tid"]
+            assert end["timestamp_ns"] >= r["timestamp_ns"]
+        if r["is_end"]:
+            assert by_index[r["start_index"]]["end_index"] == r["index"]
+
+    # Record then replay: the same compact log.
+    again = meridian("-r", str(rec), "--json")
+    assert again.returncode == 0, again.stderr
+    key = lambda r: r["index"]  # noqa: E731
+    assert sorted(_json_lines(again.stdout), key=key) == sorted(rows, key=key)
+    plain_live = meridian("-r", str(rec)).stdout
+    assert f'openat(AT_FDCWD, "{missing}", O_RDONLY) = -2 ENOENT <' in plain_live
+
+
+def test_syscall_set_and_failed_filter(prog: Path, tmp_path: Path) -> None:
+    tmp = tmp_path.resolve()
+    src, missing = tmp / "input.txt", tmp / "missing.txt"
+    src.write_bytes(CONTENT)
+    live = meridian(
+        "-e", "openat", "--failed", "--full", "--", str(prog),
+        str(src), str(missing), str(tmp / "nope"), str(tmp / "b"),
+    )  # fmt: skip
+    assert live.returncode == 3  # the command's exit status (rename failed)
+    lines = live.stdout.splitlines()
+    mine = [line for line in lines if str(tmp) in line or "= -2 ENOENT" in line]
+    assert any(f'openat(AT_FDCWD, "{missing}", O_RDONLY) ... [end #' in line for line in mine)
+    assert all("rename" not in line and str(src) not in line for line in lines)
+    # the start row precedes its end, and each names the other
+    start = next(line for line in lines if str(missing) in line)
+    s_idx = int(start.split()[0][1:])
+    e_idx = int(start.rsplit("#", 1)[1].rstrip("]"))
+    assert lines[lines.index(start) + 1].startswith(f"#{e_idx} ")
+    assert lines[lines.index(start) + 1].endswith(f"= -2 ENOENT [start #{s_idx}]")
