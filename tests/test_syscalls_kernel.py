@@ -135,3 +135,42 @@ def test_syscall_set_and_failed_filter(prog: Path, tmp_path: Path) -> None:
     e_idx = int(start.rsplit("#", 1)[1].rstrip("]"))
     assert lines[lines.index(start) + 1].startswith(f"#{e_idx} ")
     assert lines[lines.index(start) + 1].endswith(f"= -2 ENOENT [start #{s_idx}]")
+
+
+def test_children_are_followed(tmp_path: Path) -> None:
+    tmp = tmp_path.resolve()
+    src = tmp / "input.txt"
+    src.write_bytes(CONTENT)
+    live = meridian(
+        "--json", "-e", "openat,execve", "--", "/bin/sh", "-c", f"cat {src} >/dev/null; true"
+    )
+    assert live.returncode == 0, live.stderr
+    rows = _json_lines(live.stdout)
+    sh = rows[0]["pid"]
+    cat = [r for r in rows if r["comm"] == "cat" and r.get("paths") == [str(src)]]
+    assert len(cat) == 1 and cat[0]["pid"] != sh and cat[0]["result"] >= 0
+
+
+def test_attach_to_a_running_process(tmp_path: Path) -> None:
+    tmp = tmp_path.resolve()
+    code = f"import os, sys; sys.stdin.readline(); os.stat({str(tmp)!r} + '/gone')"
+    target = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    tracer = subprocess.Popen(
+        [sys.executable, "-m", "meridian", "syscalls", "-p", str(target.pid), "-e", "newfstatat"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert tracer.stderr is not None and target.stdin is not None
+        assert tracer.stderr.readline().startswith("Tracing file-system syscalls")
+        target.stdin.write(b"go\n")
+        target.stdin.close()
+        target.wait(30)
+        out, err = tracer.communicate(timeout=30)  # stops once the process is gone
+        assert tracer.returncode == 0, err
+        assert f'newfstatat(AT_FDCWD, "{tmp}/gone", ' in out and "= -2 ENOENT <" in out
+    finally:
+        for p in (tracer, target):
+            p.kill()
+            p.wait()

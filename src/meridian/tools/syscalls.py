@@ -352,6 +352,8 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
             try:
                 while True:
                     done = launcher is not None and launcher.poll() is not None
+                    if opts.pids and not any(os.path.exists(f"/proc/{pid}") for pid in opts.pids):
+                        done = True  # every process asked for has exited (as strace -p)
                     for sc in cap.poll(0 if done else 0.05):
                         if recorder is not None:
                             recorder.write(sc)
