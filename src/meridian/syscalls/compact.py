@@ -4,7 +4,6 @@ and a start without an end stays an open row until its end arrives."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 
 from .log import Log, Notifier
@@ -15,7 +14,8 @@ __all__ = ["CompactLog", "merge"]
 
 def merge(start: Syscall, end: Syscall | None) -> Syscall:
     """The compact row of a start and (if seen) its end."""
-    row = dataclasses.replace(start, is_start=True, is_end=False, start_index=start.index)
+    row = start.copy()
+    row.is_start, row.is_end, row.start_index = True, False, start.index
     if end is not None:
         row.is_end = True
         row.end_index = end.index
@@ -51,7 +51,7 @@ class CompactLog(Notifier):
             self._row_of[pos] = len(self.rows)
             self.rows.append(merge(sc, self._end_of(sc)))
         elif sc.start_index < 0:
-            self.rows.append(dataclasses.replace(sc, is_start=False, is_end=True))
+            self.rows.append(sc.copy())
         else:
             return  # joins its start's row (announced by the start's `modified`)
         self._emit_appended(len(self.rows) - 1)

@@ -107,6 +107,8 @@ def open_flags(value: int) -> str:
 
 def quote(s: str) -> str:
     """A C string literal, as strace prints paths."""
+    if s.isprintable() and '"' not in s and "\\" not in s:
+        return f'"{s}"'
     out = ['"']
     for ch in s:
         if ch in '"\\':

@@ -10,12 +10,13 @@ from .numbers import NUMBERS
 from .record import Syscall
 from .signatures import string_positions
 
-__all__ = ["EV_END", "EV_START", "to_syscall"]
+__all__ = ["EV_END", "EV_START", "batch_to_syscalls", "to_syscall"]
 
 EV_START, EV_END = 0, 1  # enum syscalls_kind
 
 
 def _text(b: Any) -> str:
+    """A C string from a char array (numpy gives bytes already cut at the first NUL)."""
     raw = bytes(b)
     return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
@@ -25,7 +26,7 @@ def to_syscall(rec: Any, wall_offset_ns: int) -> Syscall:
     nr = int(rec["nr"])
     name = NUMBERS.get(nr, f"syscall_{nr}")
     start = int(rec["kind"]) == EV_START
-    raw = tuple(int(a) for a in rec["args"])
+    raw = tuple(rec["args"])
     str_ok = int(rec["str_ok"])
     strings: dict[int, str | None] = {}
     paths = []
@@ -57,3 +58,32 @@ def to_syscall(rec: Any, wall_offset_ns: int) -> Syscall:
         sc.have_result = True
         sc.result_text = decode_result(name, sc.result)
     return sc
+
+
+_FIELDS = (
+    "index",
+    "ts_ns",
+    "pid",
+    "tid",
+    "nr",
+    "kind",
+    "str_ok",
+    "fd_ok",
+    "ret",
+    "args",
+    "comm",
+    "str",
+    "fd_path",
+)
+
+
+def batch_to_syscalls(recs: Any, wall_offset_ns: int) -> list[Syscall]:
+    """`to_syscall` over a numpy array of records, reading each column once (numpy
+    scalar access per field costs more than the rest of the decoding)."""
+    if not len(recs):
+        return []
+    cols = [recs[f].tolist() for f in _FIELDS]
+    return [
+        to_syscall(dict(zip(_FIELDS, row, strict=True)), wall_offset_ns)
+        for row in zip(*cols, strict=True)
+    ]

@@ -37,6 +37,12 @@ class Syscall:
     duration_ns: int = -1  # compact rows: end - start; -1 when unknown
     raw: tuple[int, ...] = field(default=(), compare=False)
 
+    def copy(self) -> Syscall:
+        """A shallow copy (faster than dataclasses.replace on the hot path)."""
+        new = object.__new__(Syscall)
+        new.__dict__.update(self.__dict__)
+        return new
+
     @property
     def arguments(self) -> str:
         return ", ".join(self.args)

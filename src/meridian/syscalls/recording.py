@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import UsageError
-from ..output import iso_now
+from ..output import _dumps, iso_now
 from .record import Syscall
 
 __all__ = ["FORMAT", "VERSION", "Recorder", "read_events"]
@@ -104,7 +104,7 @@ class Recorder:
         self.count = 0
 
     def _line(self, obj: dict[str, Any]) -> None:
-        self._out.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+        self._out.write(_dumps(obj).encode() + b"\n")
 
     def write(self, sc: Syscall) -> None:
         self._line(encode(sc))

@@ -4,6 +4,8 @@ a mode. The kernel program learns the string and fd positions from this table.""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 __all__ = [
     "FD_KINDS",
     "SIGNATURES",
@@ -123,11 +125,13 @@ def signature(name: str) -> tuple[Kind, ...]:
     return SIGNATURES.get(name, _GENERIC)
 
 
+@lru_cache(maxsize=1024)
 def string_positions(name: str) -> tuple[int, ...]:
     """Positions of user strings the kernel reads (at most 2)."""
     return tuple(i for i, k in enumerate(signature(name)) if k in STRING_KINDS)[:2]
 
 
+@lru_cache(maxsize=1024)
 def fd_position(name: str) -> int:
     """Position of the fd the kernel resolves to a path (the first fd/dirfd), or -1."""
     for i, k in enumerate(signature(name)):

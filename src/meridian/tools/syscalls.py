@@ -24,7 +24,7 @@ from ..bpf import BpfObject, RingBuffer, Strategy, choose, object_path
 from ..errors import UsageError
 from ..output import _dumps
 from ..syscalls import Aggregator, CompactLog, FilteredLog, Syscall
-from ..syscalls.events import to_syscall
+from ..syscalls.events import batch_to_syscalls
 from ..syscalls.filters import (
     AllOf,
     Filter,
@@ -157,9 +157,7 @@ class Capture:
 
     def poll(self, timeout: float) -> list[Syscall]:
         assert self.ring is not None
-        recs = self.ring.poll(timeout)
-        off = self.offset_ns
-        return [to_syscall(r, off) for r in recs]
+        return batch_to_syscalls(self.ring.poll(timeout), self.offset_ns)
 
     def counters(self) -> dict[str, int]:
         assert self.obj is not None
