@@ -127,9 +127,9 @@ def main() -> int:
         f"{rounds} rounds of {seconds} s"
     )
     print("iterations/s (openat+fstat+close = 3 calls, 6 events), median of rounds:")
-    for k, v in results.items():
+    for k, rates in results.items():
         ratio = f"  ratio {statistics.median(ratios[k]):.3f}" if k in ratios else ""
-        print(f"  {k:<9} {statistics.median(v):>10.0f}{ratio}")
+        print(f"  {k:<9} {statistics.median(rates):>10.0f}{ratio}")
     rm, rs = statistics.median(ratios["meridian"]), statistics.median(ratios["strace"])
     rb = statistics.median(ratios["bpftrace"])
     print(f"meridian / strace: {rm / rs:.1f}x;  meridian / bpftrace: {rm / rb:.2f}x")
