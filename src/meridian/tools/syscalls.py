@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from ..bpf import BpfObject, RingBuffer, Strategy, choose, object_path
-from ..errors import UsageError
+from ..errors import ExtraMissing, UsageError
 from ..output import _dumps
 from ..syscalls import Aggregator, CompactLog, FilteredLog, Syscall
 from ..syscalls.events import batch_to_syscalls
@@ -379,7 +379,8 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
 # ---- command line --------------------------------------------------------------------
 
 EXAMPLES = """examples:
-  meridian syscalls                      # every file-system syscall, system-wide
+  meridian syscalls                      # the terminal UI (plain lines when piped)
+  meridian syscalls --no-tui             # every file-system syscall, system-wide
   meridian syscalls -- ls /etc           # a command from its first syscall (and children)
   meridian syscalls -p 812               # a running process (and the children it forks)
   meridian syscalls -e openat,unlinkat   # only these syscalls
@@ -426,7 +427,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--strategy", choices=[s.name for s in STRATEGIES], help="force a probe strategy"
     )
-    p.add_argument("--no-tui", action="store_true", help="plain lines (the default)")
+    p.add_argument("--tui", action="store_true", help="the terminal UI (default on a terminal)")
+    p.add_argument("--no-tui", action="store_true", help="plain lines (default when piped)")
     p.add_argument("-v", "--verbose", action="store_true", help="libbpf and strategy detail")
     return p
 
@@ -475,14 +477,69 @@ def options_from_args(args: argparse.Namespace) -> Options:
         duration=args.duration,
         strategy=args.strategy,
         ring_mb=args.ring_mb,
+        tui=args.tui
+        or (not args.no_tui and not args.json and not args.full and sys.stdout.isatty()),
         verbose=args.verbose,
     )
+
+
+def _tui_module() -> Any:
+    try:
+        from . import syscalls_tui
+    except ImportError:
+        raise ExtraMissing("the syscalls terminal UI", "tui") from None
+    return syscalls_tui
+
+
+class _CaptureFeed:
+    """The live capture as the TUI's feed (recording every event when -w)."""
+
+    def __init__(self, cap: Capture, recorder: Recorder | None) -> None:
+        self.cap = cap
+        self.recorder = recorder
+
+    def poll(self) -> list[Syscall]:
+        new = self.cap.poll(0)
+        if self.recorder is not None:
+            for sc in new:
+                self.recorder.write(sc)
+        return new
+
+    def counters(self) -> dict[str, int]:
+        return self.cap.counters()
+
+
+def run_tui(opts: Options) -> int:
+    tui = _tui_module()
+    flt = build_filter(opts, replay=bool(opts.read))
+    if opts.read:
+        tui.SyscallsApp(tui.ListFeed(list(read_events(opts.read))), live=False, flt=flt).run()
+        return 0
+    launcher: Launcher | None = None
+    recorder: Recorder | None = None
+    with Capture(opts) as cap:
+        try:
+            if opts.write:
+                recorder = Recorder(opts.write, sys.argv[1:])
+            if opts.command:
+                launcher = Launcher(opts.command)
+                cap.add_pid(launcher.pid)
+                launcher.go()
+            tui.SyscallsApp(_CaptureFeed(cap, recorder), live=True, flt=flt).run()
+        finally:
+            if launcher is not None:
+                launcher.kill()
+            if recorder is not None:
+                recorder.close()
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
     # Build the filters now: a bad regex is a usage error before anything loads.
     build_filter(opts, replay=bool(opts.read))
+    if opts.tui:
+        return run_tui(opts)
     if opts.read:
         return replay(opts, sys.stdout, sys.stderr)
     return capture(opts, sys.stdout, sys.stderr)
