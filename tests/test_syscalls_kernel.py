@@ -174,3 +174,42 @@ def test_attach_to_a_running_process(tmp_path: Path) -> None:
         for p in (tracer, target):
             p.kill()
             p.wait()
+
+
+def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:
+    pytest.importorskip("textual")
+    import asyncio
+
+    from meridian.tools.syscalls import Capture, Launcher, Options, _CaptureFeed
+    from meridian.tools.syscalls_tui import SyscallsApp
+
+    tmp = tmp_path.resolve()
+    src, missing, a = tmp / "input.txt", tmp / "missing.txt", tmp / "a"
+    src.write_bytes(CONTENT)
+    a.write_text("x")
+    command = [str(prog), str(src), str(missing), str(a), str(tmp / "b")]
+    with Capture(Options(command=command)) as cap:
+        launcher = Launcher(command)
+        try:
+            cap.add_pid(launcher.pid)
+            app = SyscallsApp(_CaptureFeed(cap, None), live=True)
+
+            async def main() -> None:
+                async with app.run_test(size=(160, 30)) as pilot:
+                    launcher.go()
+                    for _ in range(200):
+                        await pilot.pause(0.05)
+                        if launcher.poll() is not None and len(app.view) and app.view[-1].no_return:
+                            break
+                    app.tick()
+                    rows = [(r.name, r.arguments, r.result_text) for r in app.view]
+                    assert ("openat", f'AT_FDCWD, "{missing}", O_RDONLY', "-2 ENOENT") in rows
+                    assert ("read", f"3<{src}>", "15") in [
+                        (n, a.split(",")[0], r) for n, a, r in rows
+                    ]
+                    assert app.view[-1].name == "exit_group"
+
+            asyncio.run(main())
+            assert launcher.poll() == 0
+        finally:
+            launcher.kill()

@@ -147,3 +147,22 @@ def test_pause_freezes_the_table() -> None:
         assert column(app, "result") == ["3", "0", "-2 ENOENT", "?"]
 
     run_app(SyscallsApp(feed, live=True), body)
+
+
+SNAPSHOT = Path(__file__).parent / "snapshots" / "syscalls_tui.svg"
+
+
+def test_main_screen_snapshot() -> None:
+    """The main screen as SVG, compared with the kept snapshot (UPDATE_SNAPSHOTS=1 to
+    rewrite it after an intended change)."""
+    import os
+
+    async def body(pilot: Any, app: SyscallsApp) -> None:
+        svg = app.export_screenshot()
+        if os.environ.get("UPDATE_SNAPSHOTS") == "1":
+            SNAPSHOT.parent.mkdir(exist_ok=True)
+            SNAPSHOT.write_text(svg)
+        assert SNAPSHOT.exists(), f"no snapshot {SNAPSHOT}: run with UPDATE_SNAPSHOTS=1"
+        assert svg == SNAPSHOT.read_text()
+
+    run_app(SyscallsApp(ListFeed(events()), live=False), body)

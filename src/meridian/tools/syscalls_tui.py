@@ -84,9 +84,9 @@ class SyscallsApp(App[None]):
     #side { width: 1fr; min-width: 30; }
     #details { height: 1fr; border: round $primary; }
     #progress { height: 1fr; border: round $secondary; }
-    #filter { dock: top; display: none; }
+    #filter { display: none; }
     #filter.shown { display: block; }
-    #status { dock: bottom; height: 1; background: $panel; }
+    #status { height: 1; background: $panel; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("c", "toggle_compact", "Compact/full"),
