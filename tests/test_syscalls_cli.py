@@ -121,3 +121,38 @@ def test_meta_table_positions() -> None:
     assert rows[9] == {"traced": 1, "str_pos": [-1, -1], "fd_pos": 4, "need_fd": 1}
     assert rows[2]["traced"] == 0  # open: not asked for
     assert rows[511] == {"traced": 0, "str_pos": [-1, -1], "fd_pos": -1, "need_fd": 0}
+
+
+def test_plain_view_memory_is_bounded_and_pairs_across_trims() -> None:
+    import io
+
+    from meridian.tools.syscalls import Options, Pipeline
+
+    out = io.StringIO()
+    p = Pipeline(Options(max_rows=10), out)
+    base = Syscall(0, "read", T0, "a", 1, 1)
+    # a long call on tid 1 spans many trims while tid 2 makes 50 short calls
+    p.add(dataclasses.replace(base, args=("3",), is_start=True))
+    for i in range(50):
+        s = dataclasses.replace(base, index=1 + 2 * i, tid=2, name="close", args=("4",))
+        s.is_start = True
+        e = dataclasses.replace(
+            base, index=2 + 2 * i, tid=2, name="close", is_end=True, have_result=True,
+            result_text="0",
+        )  # fmt: skip
+        p.add(s)
+        p.add(e)
+        p.flush()
+        p.trim()
+        assert len(p.agg.log) <= 12
+    p.add(
+        dataclasses.replace(
+            base, index=101, is_end=True, have_result=True, result=5, result_text="5",
+            timestamp_ns=T0 + 7000,
+        )
+    )  # fmt: skip
+    p.finish()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 51 and p.unmatched_ends == 0
+    assert lines[-1] == "22:13:20.000000 a(1:1) read(3) = 5 <7us>"
+    assert all(line.endswith("close(4) = 0 <0us>") for line in lines[:-1])

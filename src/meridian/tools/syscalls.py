@@ -70,6 +70,7 @@ class Options:
     duration: float | None = None
     strategy: str | None = None
     ring_mb: int = 16
+    max_rows: int = 200_000  # plain views: rows kept in memory (open calls always are)
     tui: bool = False
     verbose: bool = False
 
@@ -244,26 +245,38 @@ class Pipeline:
     def __init__(self, opts: Options, out: TextIO, replay: bool = False) -> None:
         self.opts = opts
         self.out = out
-        self.agg = Aggregator()
-        self.compact: CompactLog | None = None if opts.full else CompactLog(self.agg.log)
-        source: Source = self.compact if self.compact is not None else self.agg.log
-        self.view = FilteredLog(source, build_filter(opts, replay))
-        self.view.on_change(self._changed)
+        self.filter = build_filter(opts, replay)
         self._printed: set[int] = set()
         self._ready: list[Syscall] = []
         self.events = 0
-        self.first_index: int | None = None
-        self.last_index = -1
-        self.gaps = 0
+        self.unmatched_ends = 0
+        self._build()
+
+    def _build(self) -> None:
+        self.agg = Aggregator()
+        self.compact: CompactLog | None = None if self.opts.full else CompactLog(self.agg.log)
+        source: Source = self.compact if self.compact is not None else self.agg.log
+        self.view = FilteredLog(source, self.filter)
+        self.view.on_change(self._changed)
 
     def add(self, sc: Syscall) -> None:
         self.events += 1
-        if self.first_index is None:
-            self.first_index = sc.index
-        elif sc.index > self.last_index + 1:
-            self.gaps += sc.index - self.last_index - 1
-        self.last_index = max(self.last_index, sc.index)
+        before = self.agg.unmatched_ends
         self.agg.add(sc)
+        self.unmatched_ends += self.agg.unmatched_ends - before
+
+    def trim(self) -> None:
+        """Bound memory: once the log holds more than --max-rows rows (all printed but
+        the open ones), start a fresh log holding only the calls still waiting for
+        their end, so later ends still pair with them."""
+        if self.opts.max_rows <= 0 or len(self.agg.log) <= self.opts.max_rows:
+            return
+        self.flush()
+        pending = sorted(self.agg.open_calls(), key=lambda sc: sc.index)
+        self._printed &= {sc.index for sc in pending}
+        self._build()
+        for sc in pending:
+            self.agg.add(sc)
 
     def _done(self, sc: Syscall) -> bool:
         return self.opts.full or sc.is_end or sc.no_return
@@ -303,7 +316,7 @@ class Pipeline:
 
 
 def _summary(p: Pipeline, counters: dict[str, int] | None, err: TextIO) -> None:
-    parts = [f"{p.events} events", f"{p.agg.unmatched_ends} ends without start"]
+    parts = [f"{p.events} events", f"{p.unmatched_ends} ends without start"]
     if counters is not None:
         parts.append(f"{counters.get('lost', 0)} lost (ring buffer full)")
         if counters.get("str_failed"):
@@ -321,8 +334,11 @@ def _summary(p: Pipeline, counters: dict[str, int] | None, err: TextIO) -> None:
 def replay(opts: Options, out: TextIO, err: TextIO) -> int:
     assert opts.read is not None
     p = Pipeline(opts, out, replay=True)
-    for sc in read_events(opts.read):
+    for n, sc in enumerate(read_events(opts.read), 1):
         p.add(sc)
+        if n % 4096 == 0:
+            p.flush()
+            p.trim()
     p.finish()
     if opts.verbose:
         _summary(p, None, err)
@@ -357,6 +373,7 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
                             recorder.write(sc)
                         p.add(sc)
                     p.flush()
+                    p.trim()
                     if done or (end is not None and time.monotonic() >= end):
                         break
             except KeyboardInterrupt:
@@ -425,6 +442,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--duration", metavar="SECONDS", type=float, help="stop after this long")
     p.add_argument("--ring-mb", type=int, default=16, metavar="MB", help="ring buffer size")
     p.add_argument(
+        "--max-rows",
+        type=int,
+        default=200_000,
+        metavar="N",
+        help="plain views: rows kept in memory (default 200000; 0: no limit)",
+    )
+    p.add_argument(
         "--strategy", choices=[s.name for s in STRATEGIES], help="force a probe strategy"
     )
     p.add_argument("--tui", action="store_true", help="the terminal UI (default on a terminal)")
@@ -453,6 +477,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         raise UsageError("-r replays a recording: it takes no command and no -w")
     if args.command and pids:
         raise UsageError("give either -p PID or -- COMMAND, not both")
+    if args.max_rows < 0:
+        raise UsageError(f"--max-rows must be 0 or more, got {args.max_rows}")
     if args.ring_mb <= 0:
         raise UsageError(f"--ring-mb must be greater than 0, got {args.ring_mb}")
     if names and args.all:
@@ -477,6 +503,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         duration=args.duration,
         strategy=args.strategy,
         ring_mb=args.ring_mb,
+        max_rows=args.max_rows,
         tui=args.tui
         or (not args.no_tui and not args.json and not args.full and sys.stdout.isatty()),
         verbose=args.verbose,
