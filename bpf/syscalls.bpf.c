@@ -339,12 +339,28 @@ static __always_inline void on_fork(__u32 child_tgid)
 {
 	__u32 parent_tgid = bpf_get_current_pid_tgid() >> 32;
 	__u8 one = 1;
+	long ret;
 
 	if (!filter_pids || !follow_children || parent_tgid == child_tgid)
 		return;
-	if (bpf_map_lookup_elem(&pids, &parent_tgid) &&
-	    !bpf_map_update_elem(&pids, &child_tgid, &one, BPF_NOEXIST))
+	if (!bpf_map_lookup_elem(&pids, &parent_tgid))
+		return;
+	ret = bpf_map_update_elem(&pids, &child_tgid, &one, BPF_NOEXIST);
+	if (!ret)
 		COUNT(forks_followed);
+	else if (ret != -17)	/* EEXIST: followed already */
+		COUNT(pids_full);
+}
+
+/* The last thread of a traced process exits (do_exit() has counted it out of
+ * signal->live): its PID leaves the set, as it may be reused. */
+static __always_inline void on_exit_process(void)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	if (filter_pids && follow_children && BPF_CORE_READ(task, signal, live.counter) == 0)
+		bpf_map_delete_elem(&pids, &tgid);
 }
 
 /* ---- tp_btf strategy ------------------------------------------------------------ */
@@ -375,6 +391,13 @@ SEC("tp_btf/sched_process_fork")
 int BPF_PROG(btf_fork, struct task_struct *parent, struct task_struct *child)
 {
 	on_fork(child->tgid);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(btf_exit, struct task_struct *p)
+{
+	on_exit_process();
 	return 0;
 }
 
@@ -410,6 +433,13 @@ int tp_fork(struct trace_event_raw_sched_process_fork *ctx)
 	/* A new process: its pid is its tgid. A new thread's id added here is never
 	 * looked up (its tgid is its parent's, in the set already). */
 	on_fork(ctx->child_pid);
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_process_exit")
+int tp_exit(void *ctx)
+{
+	on_exit_process();
 	return 0;
 }
 

@@ -32,6 +32,7 @@ struct syscalls_counters {
 	__u64 str_failed;	/* user strings unreadable at entry */
 	__u64 retry_full;	/* retries not remembered: retry map full */
 	__u64 forks_followed;	/* child processes added to the PID set */
+	__u64 pids_full;	/* child processes not followed: PID set full */
 };
 
 /* One start or end event. Every event takes the next index, dropped ones too, so a

@@ -44,8 +44,8 @@ from ..system import ensure_ready
 __all__ = ["STRATEGIES", "Capture", "Options", "add_parser", "run"]
 
 STRATEGIES = (
-    Strategy("tp_btf", ("btf_sys_enter", "btf_sys_exit", "btf_fork"), ("tp_btf",)),
-    Strategy("tracepoint", ("tp_sys_enter", "tp_sys_exit", "tp_fork"), ("tracepoint",)),
+    Strategy("tp_btf", ("btf_sys_enter", "btf_sys_exit", "btf_fork", "btf_exit"), ("tp_btf",)),
+    Strategy("tracepoint", ("tp_sys_enter", "tp_sys_exit", "tp_fork", "tp_exit"), ("tracepoint",)),
 )
 MAX_NR = 512  # SYSCALLS_MAX_NR in bpf/syscalls.h
 
@@ -326,6 +326,8 @@ def _summary(p: Pipeline, counters: dict[str, int] | None, err: TextIO) -> None:
             )
         if counters.get("retry_full"):
             parts.append(f"{counters['retry_full']} path retries not tracked (map full)")
+        if counters.get("pids_full"):
+            parts.append(f"{counters['pids_full']} child processes not followed (PID set full)")
         if counters.get("bad_records"):
             parts.append(f"{counters['bad_records']} bad records")
     print("meridian syscalls: " + ", ".join(parts), file=err)
