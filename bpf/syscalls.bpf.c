@@ -22,6 +22,8 @@ const volatile bool filter_pids = false;	/* only PIDs in `pids` (and their child
 const volatile bool follow_children = true;
 const volatile bool trace_all = false;		/* --all: every syscall number */
 const volatile __u32 self_tgid = 0;		/* never trace the tracer */
+const volatile bool filter_cgroup = false;	/* only tasks in this cgroup (v2 id) */
+const volatile __u64 cgroup_id = 0;
 const volatile __u64 wakeup_bytes = 1;
 
 __u64 next_index = 0;
@@ -94,6 +96,8 @@ static __always_inline struct syscalls_meta *traced(long id, __u32 tgid)
 	if (!meta || (!trace_all && !meta->traced))
 		return NULL;
 	if (filter_pids && !bpf_map_lookup_elem(&pids, &tgid))
+		return NULL;
+	if (filter_cgroup && bpf_get_current_cgroup_id() != cgroup_id)
 		return NULL;
 	return meta;
 }

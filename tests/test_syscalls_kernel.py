@@ -213,3 +213,46 @@ def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:
             assert launcher.poll() == 0
         finally:
             launcher.kill()
+
+
+def test_cgroup_filter(tmp_path: Path) -> None:
+    mounts = Path("/proc/self/mounts").read_text().splitlines()
+    root = next((m.split()[1] for m in mounts if m.split()[2] == "cgroup2"), None)
+    if root is None:
+        pytest.skip("no cgroup2 mount")
+    cg = Path(root) / f"meridian-test-{tmp_path.name}"
+    cg.mkdir()
+    tmp = tmp_path.resolve()
+    (tmp / "input.txt").write_bytes(CONTENT)
+    code = (
+        "import os, sys; sys.stdin.readline(); "
+        f"os.open({str(tmp / 'input.txt')!r}, os.O_RDONLY); os.path.exists({str(tmp)!r} + '/x')"
+    )
+    target = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    tracer = None
+    try:
+        (cg / "cgroup.procs").write_text(str(target.pid))
+        tracer = subprocess.Popen(
+            [sys.executable, "-m", "meridian", "syscalls", "--cgroup", str(cg),
+             "-e", "openat,newfstatat", "--duration", "4"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert tracer.stderr is not None and target.stdin is not None
+        assert tracer.stderr.readline().startswith("Tracing")  # loaded and attached
+        target.stdin.write(b"go\n")
+        target.stdin.close()
+        target.wait(30)
+        out, err = tracer.communicate(timeout=30)
+        assert tracer.returncode == 0, err
+        lines = out.splitlines()
+        assert lines and all(f"({target.pid}:{target.pid})" in line for line in lines)
+        assert any(
+            f'openat(AT_FDCWD, "{tmp}/input.txt", O_RDONLY|O_CLOEXEC) = ' in x for x in lines
+        )
+        assert any(f'newfstatat(AT_FDCWD, "{tmp}/x", ' in x and "-2 ENOENT" in x for x in lines)
+    finally:
+        for p in (tracer, target):
+            if p is not None:
+                p.kill()
+                p.wait()
+        cg.rmdir()

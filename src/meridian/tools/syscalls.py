@@ -70,6 +70,7 @@ class Options:
     duration: float | None = None
     strategy: str | None = None
     ring_mb: int = 16
+    cgroup_id: int | None = None  # --cgroup: the cgroup v2 directory's inode number
     max_rows: int = 200_000  # plain views: rows kept in memory (open calls always are)
     tui: bool = False
     verbose: bool = False
@@ -124,6 +125,8 @@ class Capture:
                     "follow_children": o.follow,
                     "trace_all": o.all,
                     "self_tgid": os.getpid(),
+                    "filter_cgroup": o.cgroup_id is not None,
+                    "cgroup_id": o.cgroup_id or 0,
                     "wakeup_bytes": size // 4,
                 }
             )
@@ -404,6 +407,7 @@ EXAMPLES = """examples:
   meridian syscalls -p 812               # a running process (and the children it forks)
   meridian syscalls -e openat,unlinkat   # only these syscalls
   meridian syscalls --all -p 812         # every syscall of PID 812
+  meridian syscalls --cgroup /sys/fs/cgroup/system.slice/nginx.service  # one cgroup
   meridian syscalls --failed             # only failing calls (the start row too)
   meridian syscalls --errno ENOENT       # only calls that failed with ENOENT
   meridian syscalls --filter passwd      # a substring anywhere (any case if lower case)
@@ -431,6 +435,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every syscall, not only file ones")
     p.add_argument("-p", "--pid", action="append", default=[], metavar="PID", help="trace PID")
     p.add_argument("--no-follow", action="store_true", help="do not trace forked children")
+    p.add_argument("--cgroup", metavar="DIR", help="only tasks in this cgroup v2 directory")
     p.add_argument("--full", action="store_true", help="the full log: starts and ends")
     p.add_argument("--json", action="store_true", help="JSON lines")
     p.add_argument("-w", dest="write", metavar="FILE", help="record every event (.zst: zstd)")
@@ -457,6 +462,25 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-tui", action="store_true", help="plain lines (default when piped)")
     p.add_argument("-v", "--verbose", action="store_true", help="libbpf and strategy detail")
     return p
+
+
+def cgroup_id(path: str, mounts: str = "/proc/self/mounts") -> int:
+    """The id the kernel gives a cgroup v2 directory (its inode number)."""
+    real = os.path.realpath(path)
+    roots = []
+    with open(mounts) as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 2 and fields[2] == "cgroup2":
+                roots.append(fields[1])
+    if not any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots):
+        where = ", ".join(roots) or "nowhere (mount -t cgroup2 none /sys/fs/cgroup)"
+        raise UsageError(
+            f"--cgroup {path}: not a cgroup v2 directory; cgroup2 is mounted at {where}"
+        )
+    if not os.path.isfile(os.path.join(real, "cgroup.procs")):
+        raise UsageError(f"--cgroup {path}: no such cgroup (no cgroup.procs in it)")
+    return os.stat(real).st_ino
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
@@ -506,6 +530,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         strategy=args.strategy,
         ring_mb=args.ring_mb,
         max_rows=args.max_rows,
+        cgroup_id=cgroup_id(args.cgroup) if args.cgroup else None,
         tui=args.tui
         or (not args.no_tui and not args.json and not args.full and sys.stdout.isatty()),
         verbose=args.verbose,
