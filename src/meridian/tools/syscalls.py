@@ -389,7 +389,8 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
             p.finish()
             _summary(p, cap.counters(), err)
             if launcher is not None:
-                status = launcher.poll() or 0
+                code = launcher.poll() or 0
+                status = 128 - code if code < 0 else code  # killed by a signal: 128 + signo
         finally:
             if launcher is not None:
                 launcher.kill()
