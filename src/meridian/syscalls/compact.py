@@ -72,15 +72,12 @@ class CompactLog(Notifier):
 
     def row_of_index(self, index: int) -> int:
         """Row holding event `index` (a start, its end, or an orphan end), -1 if none."""
-        for pos in (self.full.position(index),):
-            if pos < 0:
-                return -1
-            sc = self.full[pos]
-            if sc.is_end and sc.start_index >= 0:
-                pos = self.full.position(sc.start_index)
-            if pos in self._row_of:
-                return self._row_of[pos]
-        for i, r in enumerate(self.rows):
-            if r.index == index:
-                return i
-        return -1
+        pos = self.full.position(index)
+        if pos < 0:
+            return -1
+        sc = self.full[pos]
+        if sc.is_end and sc.start_index >= 0:
+            pos = self.full.position(sc.start_index)
+        if pos in self._row_of:
+            return self._row_of[pos]
+        return next((i for i, r in enumerate(self.rows) if r.index == index), -1)
