@@ -184,13 +184,16 @@ def test_text_report_has_the_bcc_histogram(loop_device: LoopDevice) -> None:
 def test_counts_match_bpftrace_on_the_same_run(loop_device: LoopDevice) -> None:
     """bpftrace counts the same completions on the same workload: the numbers agree."""
     script = (
+        'BEGIN { printf("ready\\n"); } '  # BEGIN runs once every probe is attached
         f"tracepoint:block:block_rq_complete /args->dev == {loop_device.dev}/ "
         "{ @n = count(); @sectors = sum(args->nr_sector); }"
     )
     bt = subprocess.Popen(["bpftrace", "-e", script], stdout=subprocess.PIPE, text=True)
     try:
         assert bt.stdout is not None
-        assert "Attaching" in bt.stdout.readline()
+        while (line := bt.stdout.readline()) and line.strip() != "ready":
+            pass
+        assert line.strip() == "ready", "bpftrace did not start"
         opts = Options(disk=loop_device.dev)
         with Biolat(opts) as tool:
             start = tool.snapshot()

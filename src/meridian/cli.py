@@ -22,9 +22,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _tools() -> list[Any]:
-    from .tools import biolat, doctor, memlat, runqlat
+    from .tools import biolat, doctor, memlat, runqlat, syscalls
 
-    return [biolat, memlat, runqlat, doctor]
+    return [biolat, memlat, runqlat, syscalls, doctor]
 
 
 def build_parser() -> argparse.ArgumentParser:

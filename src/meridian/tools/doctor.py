@@ -30,13 +30,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _strategies() -> dict[str, str]:
-    from . import biolat, memlat, runqlat
+    from . import biolat, memlat, runqlat, syscalls
 
     out = {}
     for tool, strategies in (
         ("biolat", biolat.STRATEGIES),
         ("memlat", memlat.STRATEGIES),
         ("runqlat", runqlat.STRATEGIES),
+        ("syscalls", syscalls.STRATEGIES),
     ):
         try:
             out[tool] = features.choose(strategies).name
