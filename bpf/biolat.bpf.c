@@ -18,6 +18,7 @@ const volatile bool targ_queued = false;	/* -Q: latency starts at insert */
 const volatile __u64 latency_unit_ns = 1000;	/* histogram slots of usecs (or msecs) */
 const volatile bool filter_dev_on = false;
 const volatile __u32 filter_dev = 0;
+const volatile bool track_depth = false;	/* --depth: requests in flight per device */
 const volatile bool slow_on = false;
 const volatile __u64 slow_ns = 0;
 const volatile __u64 wakeup_bytes = 1;
@@ -146,10 +147,17 @@ static __always_inline void issue_req(const struct req_key *k, __u32 dev, enum b
 				      __u32 bytes)
 {
 	__u64 now = bpf_ktime_get_ns();
-	struct req_state *st = find_or_add(k);
+	struct req_state *st, fresh = { .issue_ns = now };
 	struct biolat_depth *d;
 	__s64 inflight;
 
+	if (!targ_queued && !slow_on && !track_depth) {
+		/* Nothing recorded before issue to keep: one map operation. */
+		if (bpf_map_update_elem(&reqs, k, &fresh, BPF_ANY))
+			COUNT(reqs_full);
+		return;
+	}
+	st = find_or_add(k);
 	if (!st)
 		return;
 	if (targ_queued && st->insert_ns && !st->issue_ns)
@@ -161,6 +169,8 @@ static __always_inline void issue_req(const struct req_key *k, __u32 dev, enum b
 		return;
 	}
 	st->issue_ns = now;
+	if (!track_depth)
+		return;
 	d = lookup_or_init(&depth, &dev, &zero_depth);
 	if (!d)
 		return;
@@ -204,9 +214,11 @@ static __always_inline struct biolat_event *complete_req(const struct req_key *k
 	start = targ_queued && st->insert_ns ? st->insert_ns : st->issue_ns;
 	lat = now - start;
 	hist_add(dev, op, BIOLAT_KIND_LATENCY, bytes, lat / latency_unit_ns, lat);
-	d = bpf_map_lookup_elem(&depth, &dev);
-	if (d)
-		__sync_fetch_and_add(&d->inflight, -1);
+	if (track_depth) {
+		d = bpf_map_lookup_elem(&depth, &dev);
+		if (d)
+			__sync_fetch_and_add(&d->inflight, -1);
+	}
 
 	if (slow_on && lat >= slow_ns) {
 		ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);

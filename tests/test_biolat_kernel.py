@@ -50,7 +50,7 @@ def drain(tool: Biolat, want: int, timeout: float = 5.0) -> np.ndarray[Any, Any]
 
 @pytest.mark.parametrize("strategy", ["tp_btf", "tracepoint"])
 def test_exact_counts_sizes_slow_events_and_depth(loop_device: LoopDevice, strategy: str) -> None:
-    opts = Options(per_disk=True, disk=loop_device.dev, slow_ms=0.0, strategy=strategy)
+    opts = Options(per_disk=True, disk=loop_device.dev, slow_ms=0.0, depth=True, strategy=strategy)
     with Biolat(opts) as tool:
         start = tool.snapshot()
         reader, writer = known_workload(loop_device)
@@ -89,6 +89,19 @@ def test_exact_counts_sizes_slow_events_and_depth(loop_device: LoopDevice, strat
     assert sum(c.count for k, c in snap.cells.items() if k[2] == KIND_DEPTH) == READS + WRITES
     assert snap.counters["events_lost"] == 0
     assert snap.counters["reqs_full"] == 0 and snap.counters["hists_full"] == 0
+
+
+def test_plain_latency_counts_exactly_with_the_lightest_path(loop_device: LoopDevice) -> None:
+    """No -Q, --slow or --depth: one map operation at issue; counts stay exact."""
+    opts = Options(disk=loop_device.dev)
+    with Biolat(opts) as tool:
+        start = tool.snapshot()
+        known_workload(loop_device)
+        snap = tool.snapshot().since(start)
+    rows = {r.op: (r.count, r.bytes) for r in device_rows(snap, opts)}
+    assert rows == {"read": (READS, READS * 4096), "write": (WRITES, WRITES * 65536)}
+    assert not any(k[2] == KIND_DEPTH for k in snap.cells)
+    assert snap.counters["unmatched"] == 0
 
 
 def test_device_filter_sees_only_its_disk(loop_device: LoopDevice, tmp_path: Any) -> None:
@@ -166,3 +179,47 @@ def test_text_report_has_the_bcc_histogram(loop_device: LoopDevice) -> None:
     assert "op = read" in out
     assert "      4096 -> 8191       : 64 " in out
     assert "queue depth at issue" in out
+
+
+def test_counts_match_bpftrace_on_the_same_run(loop_device: LoopDevice) -> None:
+    """bpftrace counts the same completions on the same workload: the numbers agree."""
+    script = (
+        'BEGIN { printf("ready\\n"); } '  # BEGIN runs once every probe is attached
+        f"tracepoint:block:block_rq_complete /args->dev == {loop_device.dev}/ "
+        "{ @n = count(); @sectors = sum(args->nr_sector); }"
+    )
+    bt = subprocess.Popen(["bpftrace", "-e", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert bt.stdout is not None
+        while (line := bt.stdout.readline()) and line.strip() != "ready":
+            pass
+        assert line.strip() == "ready", "bpftrace did not start"
+        opts = Options(disk=loop_device.dev)
+        with Biolat(opts) as tool:
+            start = tool.snapshot()
+            known_workload(loop_device)
+            snap = tool.snapshot().since(start)
+        bt.send_signal(signal.SIGINT)
+        out, _ = bt.communicate(timeout=30)
+    finally:
+        if bt.poll() is None:
+            bt.kill()
+            bt.wait()
+    maps = dict(line.split(": ") for line in out.split("\n") if line.startswith("@"))
+    rows = device_rows(snap, opts)
+    assert int(maps["@n"]) == sum(r.count for r in rows) == READS + WRITES
+    assert int(maps["@sectors"]) * 512 == sum(r.bytes for r in rows)
+
+
+def test_a_full_ring_counts_every_lost_record(loop_device: LoopDevice) -> None:
+    """A one-page ring that nobody drains: what is not delivered is counted as lost."""
+    opts = Options(disk=loop_device.dev, slow_ms=0.0, ring_bytes=4096)
+    with Biolat(opts) as tool:
+        start = tool.snapshot()
+        known_workload(loop_device)
+        delivered = len(drain(tool, READS + WRITES, timeout=1.0))
+        snap = tool.snapshot().since(start)
+    lost = snap.counters["events_lost"]
+    assert 0 < delivered < READS + WRITES
+    assert delivered + lost == READS + WRITES
+    assert sum(r.count for r in device_rows(snap, opts)) == READS + WRITES  # aggregates exact

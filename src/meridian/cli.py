@@ -22,9 +22,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _tools() -> list[Any]:
-    from .tools import biolat, doctor, io
+    from .tools import biolat, doctor, io, memlat, runqlat, syscalls
 
-    return [biolat, doctor, io]
+    return [biolat, memlat, runqlat, syscalls, io, doctor]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,17 +8,17 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-__all__ = ["JsonWriter", "fmt_bytes", "iso_now", "print_table"]
+__all__ = ["JsonWriter", "dumps", "fmt_bytes", "iso_now", "print_table"]
 
 try:
     import orjson
 
-    def _dumps(obj: Any) -> str:
+    def dumps(obj: Any) -> str:
         return str(orjson.dumps(obj).decode())
 
 except ImportError:  # the json extra is optional
 
-    def _dumps(obj: Any) -> str:
+    def dumps(obj: Any) -> str:
         return json.dumps(obj, separators=(",", ":"))
 
 
@@ -29,7 +29,7 @@ class JsonWriter:
         self.out = out
 
     def write(self, obj: Any) -> None:
-        self.out.write(_dumps(obj) + "\n")
+        self.out.write(dumps(obj) + "\n")
         self.out.flush()
 
 

@@ -43,11 +43,12 @@ def kernel_btf_path() -> Path:
 
 def ensure_tracefs(root: Path = TRACEFS) -> Path:
     """Mount tracefs at /sys/kernel/tracing when it is not there yet."""
-    if (root / "events").is_dir():
-        return root
-    legacy = Path("/sys/kernel/debug/tracing")
-    if (legacy / "events").is_dir():
-        return legacy
+    for candidate in (root, Path("/sys/kernel/debug/tracing")):
+        try:
+            if (candidate / "events").is_dir():
+                return candidate
+        except PermissionError:
+            raise PermissionProblem(f"reading {candidate}") from None
     proc = subprocess.run(
         ["mount", "-t", "tracefs", "tracefs", str(root)], capture_output=True, text=True
     )

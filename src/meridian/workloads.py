@@ -7,13 +7,17 @@ process and stop it when it is done.
 from __future__ import annotations
 
 import argparse
+import json
 import mmap
 import os
+import signal
 import sys
 import tempfile
 import time
 
-__all__ = ["direct_io"]
+__all__ = ["direct_io", "page_touch", "pingpong", "spin"]
+
+PAGE = mmap.PAGESIZE
 
 
 def direct_io(path: str, seconds: float, block: int = 4096, file_size: int = 16 << 20) -> int:
@@ -44,13 +48,127 @@ def direct_io(path: str, seconds: float, block: int = 4096, file_size: int = 16 
     return done
 
 
+def page_touch(megabytes: int, seconds: float | None = None, rounds: int | None = None) -> int:
+    """Touch a fresh private anonymous region of `megabytes` page by page (one write per
+    page, so one minor fault each; huge pages are refused with MADV_NOHUGEPAGE), unmap
+    it, and again: for `rounds` passes, or until `seconds` have passed (at least one).
+    Returns the number of pages touched."""
+    size = megabytes << 20
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    end = time.monotonic() + seconds if seconds is not None else None
+    touched = done = 0
+    while True:
+        m = mmap.mmap(-1, size, flags=flags)
+        try:
+            if hasattr(mmap, "MADV_NOHUGEPAGE"):
+                m.madvise(mmap.MADV_NOHUGEPAGE)
+            for off in range(0, size, PAGE):
+                m[off] = 1
+            touched += size // PAGE
+        finally:
+            m.close()
+        done += 1
+        if rounds is not None and done >= rounds:
+            return touched
+        if end is not None and time.monotonic() >= end:
+            return touched
+        if rounds is None and end is None:
+            return touched
+
+
+def _spin_child(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def spin(workers: int, seconds: float) -> None:
+    """`workers` processes, each one busy thread spinning on the CPU for `seconds`.
+    SIGTERM stops them all (none is left spinning behind)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    pids = []
+    for _ in range(workers):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _spin_child(seconds)
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    print(json.dumps({"pids": pids}), flush=True)
+    try:
+        for pid in pids:
+            os.waitpid(pid, 0)
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, 15)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
+def pingpong(seconds: float) -> int:
+    """Two processes bouncing one byte over a pair of pipes: every round trip is two
+    wake-ups and two context switches. Returns round trips done."""
+    a_r, a_w = os.pipe()
+    b_r, b_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            while os.read(a_r, 1) == b"x":
+                os.write(b_w, b"x")
+        finally:
+            os._exit(0)
+    trips = 0
+    end = time.monotonic() + seconds
+    try:
+        while True:
+            for _ in range(256):
+                os.write(a_w, b"x")
+                os.read(b_r, 1)
+            trips += 256
+            if time.monotonic() >= end:
+                break
+    finally:
+        os.write(a_w, b"q")
+        os.waitpid(pid, 0)
+        for fd in (a_r, a_w, b_r, b_w):
+            os.close(fd)
+    return trips
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m meridian.workloads")
     sub = ap.add_subparsers(dest="name", required=True)
     d = sub.add_parser("direct-io", help="O_DIRECT 4 KiB reads and writes on a temporary file")
     d.add_argument("--seconds", type=float, default=10.0)
     d.add_argument("--dir", default="/var/tmp")
+    t = sub.add_parser("page-touch", help="touch fresh anonymous memory page by page")
+    t.add_argument("--mb", type=int, default=64, help="region size in MiB")
+    t.add_argument("--seconds", type=float, help="repeat for this long")
+    t.add_argument("--rounds", type=int, help="passes over a fresh region (default 1)")
+    t.add_argument("--wait", action="store_true", help="print ready, start on a line of stdin")
+    s = sub.add_parser("spin", help="busy processes spinning on the CPU")
+    s.add_argument("--workers", type=int, default=1)
+    s.add_argument("--seconds", type=float, default=10.0)
+    pp = sub.add_parser("pingpong", help="two processes bouncing a byte over pipes")
+    pp.add_argument("--seconds", type=float, default=5.0)
     args = ap.parse_args(argv)
+    if args.name == "page-touch":
+        if args.wait:
+            print("ready", flush=True)
+            sys.stdin.readline()
+        rounds = args.rounds if args.rounds or args.seconds else 1
+        start = time.monotonic()
+        pages = page_touch(args.mb, args.seconds, rounds)
+        secs = time.monotonic() - start
+        print(json.dumps({"pid": os.getpid(), "pages": pages, "seconds": secs}), flush=True)
+    elif args.name == "spin":
+        spin(args.workers, args.seconds)
+    elif args.name == "pingpong":
+        trips = pingpong(args.seconds)
+        print(json.dumps({"round_trips": trips}), flush=True)
     if args.name == "direct-io":
         fd, path = tempfile.mkstemp(prefix="meridian-io-", dir=args.dir)
         os.close(fd)

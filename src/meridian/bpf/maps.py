@@ -208,6 +208,8 @@ def _dtype_of(btf: Btf | None, tid: int, size: int) -> np.dtype[Any]:
             dt = None
         if dt is not None and dt.itemsize == size:
             return dt
+    if size in (1, 2, 4, 8):  # no type (array and data-section keys): a plain index
+        return np.dtype(f"<u{size}")
     return np.dtype(f"V{size}") if size else np.dtype("V1")
 
 

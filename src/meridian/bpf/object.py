@@ -138,6 +138,18 @@ class BpfObject:
             raise BpfError(f"resizing map {map_name}", L.neg_errno(ret))
         self.maps[map_name].max_entries = max_entries
 
+    def read_globals(self, section: str = ".bss") -> dict[str, Any]:
+        """Current values of a loaded object's globals (counters kept in .bss/.data)."""
+        m = next((m for m in self.maps.values() if m.name.endswith(section)), None)
+        if m is None or self.btf is None:
+            raise KeyError(f"{self.path.name} has no {section} section")
+        raw = m.lookup(0)
+        data = raw.tobytes() if raw is not None else b""
+        out = {}
+        for name, (off, size, tid) in self.btf.datasec(section).items():
+            out[name] = np.frombuffer(data[off : off + size], dtype=self.btf.dtype(tid))[0]
+        return out
+
     # ---- load, attach, close --------------------------------------------------------
 
     def load(self) -> None:

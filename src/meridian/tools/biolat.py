@@ -31,6 +31,7 @@ __all__ = ["Biolat", "Options", "Snapshot", "add_parser", "run"]
 
 OPS = ("read", "write", "discard", "flush", "other")
 KIND_LATENCY, KIND_QUEUE, KIND_DEPTH = 0, 1, 2
+INFO_COUNTERS = frozenset({"requeued"})  # counted and shown, but nothing was lost
 
 STRATEGIES = (
     Strategy("tp_btf", ("btf_rq_issue", "btf_rq_complete", "btf_rq_requeue"), ("tp_btf",)),
@@ -58,6 +59,7 @@ class Options:
     strategy: str | None = None
     workload: bool = False
     verbose: bool = False
+    ring_bytes: int = 4 << 20  # slow-I/O ring buffer (a power of two, >= one page)
 
     @property
     def unit(self) -> str:
@@ -145,11 +147,13 @@ class Biolat:
                     "latency_unit_ns": o.unit_ns,
                     "filter_dev_on": o.disk is not None,
                     "filter_dev": o.disk or 0,
+                    "track_depth": o.depth,
                     "slow_on": o.slow_ms is not None,
                     "slow_ns": int((o.slow_ms or 0) * 1_000_000),
-                    "wakeup_bytes": obj.maps["events"].max_entries // 4,
+                    "wakeup_bytes": o.ring_bytes // 4,
                 }
             )
+            obj.resize("events", o.ring_bytes)
             self.selected = self.programs(obj)
             obj.select(self.selected)
             obj.load()
@@ -300,7 +304,8 @@ def report_json(snap: Snapshot, opts: Options) -> dict[str, Any]:
         {"disk": _disk(dev), **info, "hist": info["hist"].to_json()}
         for dev, info in depth_rows(snap).items()
     ]
-    out["lost"] = snap.counters
+    out["lost"] = {k: v for k, v in snap.counters.items() if k not in INFO_COUNTERS}
+    out["requeued"] = snap.counters.get("requeued", 0)
     return out
 
 
@@ -351,11 +356,13 @@ def report_text(snap: Snapshot, opts: Options, out: TextIO) -> None:
             )
             print(info["hist"].render("depth"), file=out)
     _stats_text(snap, opts, out)
-    lost = {k: v for k, v in snap.counters.items() if v}
+    lost = {k: v for k, v in snap.counters.items() if v and k not in INFO_COUNTERS}
     if lost:
         print(
             "lost: " + ", ".join(f"{k}={v}" for k, v in lost.items()) + _lost_hint(lost), file=out
         )
+    if snap.counters.get("requeued"):
+        print(f"requeued after issue: {snap.counters['requeued']}", file=out)
 
 
 def _lost_hint(lost: dict[str, int]) -> str:

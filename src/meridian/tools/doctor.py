@@ -30,10 +30,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _strategies() -> dict[str, str]:
-    from . import biolat, io
+    from . import biolat, io, memlat, runqlat, syscalls
 
     out = {}
-    for tool, strategies in (("biolat", biolat.STRATEGIES), ("io", io.STRATEGIES)):
+    for tool, strategies in (
+        ("biolat", biolat.STRATEGIES),
+        ("memlat", memlat.STRATEGIES),
+        ("runqlat", runqlat.STRATEGIES),
+        ("syscalls", syscalls.STRATEGIES),
+        ("io", io.STRATEGIES),
+    ):
         try:
             out[tool] = features.choose(strategies).name
         except MeridianError as exc:

@@ -1,0 +1,140 @@
+"""syscalls overhead: iterations/s of a C loop of openat + fstat (newfstatat) + close
+on one file, untraced, under `meridian syscalls -w FILE -- loop` (every call streamed
+to a recording, plain lines to /dev/null), under `strace -f -e trace=openat,newfstatat,
+close -o /dev/null`, and under bpftrace printing the same calls (enter and exit),
+interleaved round by round in the same run. Ratios are medians of traced / untraced
+of the neighbouring rounds; meridian's lost events (ring buffer full) are reported.
+
+Run as root from the repository: .venv/bin/python benchmarks/syscalls_bench.py [rounds] [seconds]
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MERIDIAN = [str(ROOT / ".venv" / "bin" / "meridian"), "syscalls"]
+LOOP_C = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+	double seconds = atof(argv[2]), t0 = now(), t;
+	unsigned long n = 0;
+	struct stat st;
+
+	do {
+		for (int i = 0; i < 256; i++) {
+			int fd = openat(AT_FDCWD, argv[1], O_RDONLY);
+			fstat(fd, &st);
+			close(fd);
+		}
+		n += 256;
+		t = now();
+	} while (t - t0 < seconds);
+	printf("%.0f\n", n / (t - t0));
+	return 0;
+}
+"""
+_ENTER = {
+    "openat": '"%s(%d) openat(%d, %s, %d)\\n", comm, tid, args->dfd, str(args->filename), '
+    "args->flags",
+    "newfstatat": '"%s(%d) newfstatat(%d, %s)\\n", comm, tid, args->dfd, str(args->filename)',
+    "close": '"%s(%d) close(%d)\\n", comm, tid, args->fd',
+}
+BPFTRACE = "".join(
+    f'tracepoint:syscalls:sys_enter_{n} /comm == "scloop"/ {{ printf({fmt}); }}\n'
+    f'tracepoint:syscalls:sys_exit_{n} /comm == "scloop"/ '
+    f'{{ printf("%s(%d) {n} = %d\\n", comm, tid, args->ret); }}\n'
+    for n, fmt in _ENTER.items()
+)
+
+
+def run_loop(cmd: list[str]) -> tuple[float, str]:
+    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    rate = float(re.findall(r"^(\d+)$", p.stdout, re.M)[-1])
+    return rate, p.stderr
+
+
+def main() -> int:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    seconds = sys.argv[2] if len(sys.argv) > 2 else "3"
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        (tmp / "loop.c").write_text(LOOP_C)
+        loop = tmp / "scloop"
+        subprocess.run(["gcc", "-O2", "-o", str(loop), str(tmp / "loop.c")], check=True)
+        target = tmp / "file"
+        target.write_text("x")
+        base = [str(loop), str(target), seconds]
+        rec = tmp / "rec.jsonl"
+        (tmp / "trace.bt").write_text(BPFTRACE)
+        results: dict[str, list[float]] = {
+            "untraced": [],
+            "meridian": [],
+            "strace": [],
+            "bpftrace": [],
+        }
+        ratios: dict[str, list[float]] = {k: [] for k in results if k != "untraced"}
+        lost: list[str] = []
+        strace = ["strace", "-f", "-e", "trace=openat,newfstatat,close", "-o", "/dev/null"]
+        with open(tmp / "out", "w") as devnull:
+            for r in range(rounds):
+                u1, _ = run_loop(base)
+                m, err = run_loop([*MERIDIAN, "-w", str(rec), "--", *base])
+                found = re.search(r"(\d+ events, .*)", err)
+                lost.append(found.group(1) if found else err.strip())
+                st, _ = run_loop([*strace, *base])
+                bt = subprocess.Popen(
+                    ["bpftrace", str(tmp / "trace.bt")], stdout=devnull, stderr=subprocess.DEVNULL
+                )
+                time.sleep(3)  # compiled and attached
+                b, _ = run_loop(base)
+                bt.terminate()
+                bt.wait()
+                u2, _ = run_loop(base)
+                u = (u1 + u2) / 2
+                for k, v in (("untraced", u), ("meridian", m), ("strace", st), ("bpftrace", b)):
+                    results[k].append(v)
+                    if k != "untraced":
+                        ratios[k].append(v / u)
+                print(
+                    f"round {r + 1}: untraced {u:.0f}/s meridian {m:.0f}/s strace {st:.0f}/s "
+                    f"bpftrace {b:.0f}/s; meridian: {lost[-1]}",
+                    flush=True,
+                )
+    print(
+        f"\nmachine: {platform.node()} {platform.release()} {platform.machine()}, "
+        f"{rounds} rounds of {seconds} s"
+    )
+    print("iterations/s (openat+fstat+close = 3 calls, 6 events), median of rounds:")
+    for k, rates in results.items():
+        ratio = f"  ratio {statistics.median(ratios[k]):.3f}" if k in ratios else ""
+        print(f"  {k:<9} {statistics.median(rates):>10.0f}{ratio}")
+    rm, rs = statistics.median(ratios["meridian"]), statistics.median(ratios["strace"])
+    rb = statistics.median(ratios["bpftrace"])
+    print(f"meridian / strace: {rm / rs:.1f}x;  meridian / bpftrace: {rm / rb:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

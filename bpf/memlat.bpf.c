@@ -1,0 +1,270 @@
+// SPDX-License-Identifier: GPL-2.0
+/* meridian memlat: page-fault handling latency, t_exit - t_entry keyed by pid_tgid
+ * (seed 001), as log2 histograms per minor/major fault (and per process with -P).
+ *
+ * Strategies for the same logic, picked at run time by autoload, best first:
+ *   fentry_* / fexit_*: handle_mm_fault itself (needs BPF trampolines); these also
+ *          see faults taken for get_user_pages() (no pt_regs), which emit no perf
+ *          event and so are not in the histograms of the perf strategies;
+ *   kprobe_* / kretprobe_*: the same on kprobes;
+ *   btf_* + perf_*: the exceptions:page_fault_user/kernel tracepoints (tp_btf) as
+ *          entry, and perf_event programs on the software events page-faults-min and
+ *          page-faults-maj as exit: mm_account_fault() emits them at the end of
+ *          handle_mm_fault(), in the faulting thread, once per finished fault;
+ *   tp_*  + perf_*: the same entry through the plain tracepoints.
+ * A fault that fails (SIGSEGV, exception fixup) never reaches the exit: its entry is
+ * overwritten by the thread's next fault (counted as stale), and the LRU map bounds
+ * what is left behind.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "bits.bpf.h"
+#include "maps.bpf.h"
+#include "memlat.h"
+
+#define VM_FAULT_MAJOR_BIT 0x0004
+#define VM_FAULT_RETRY_BIT 0x0400
+#define VM_FAULT_ERROR_BITS 0x0873	/* OOM SIGBUS HWPOISON HWPOISON_LARGE SIGSEGV FALLBACK */
+#define FAULT_FLAG_TRIED_BIT 0x20
+
+const volatile __u64 latency_unit_ns = 1000;	/* slots of usecs (1 with --ns) */
+const volatile __u64 tail_ns = 8000;		/* the tail threshold */
+const volatile bool per_process = false;	/* -P */
+const volatile __u32 filter_pid = 0;		/* -p: thread group id, 0 = all */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct memlat_start);
+} starts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 10240);
+	__type(key, struct memlat_key);
+	__type(value, struct memlat_hist);
+} hists SEC(".maps");
+
+/* Without -P: one histogram per kind, indexed by enum memlat_kind (no hashing). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct memlat_hist);
+} totals SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct memlat_counters);
+} counters SEC(".maps");
+
+static const struct memlat_hist zero_hist;
+
+static __always_inline struct memlat_counters *cnt(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&counters, &zero);
+}
+
+#define COUNT(field)                                        \
+	do {                                                \
+		struct memlat_counters *c = cnt();          \
+		if (c)                                      \
+			__sync_fetch_and_add(&c->field, 1); \
+	} while (0)
+
+static __always_inline bool filtered(__u64 pid_tgid)
+{
+	return filter_pid && (__u32)(pid_tgid >> 32) != filter_pid;
+}
+
+/* A fault starts in this thread. A thread keeps its entry between faults (ts_ns 0 when
+ * closed): an update in place is much cheaper than an insert and a delete per fault. */
+static __always_inline void fault_start(__u32 flags)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct memlat_start *st, init = {};
+
+	if (filtered(id))
+		return;
+	st = bpf_map_lookup_elem(&starts, &id);
+	if (st) {
+		if (st->retrying) {
+			/* handle_mm_fault called again after VM_FAULT_RETRY: the same fault,
+			 * started at the first call; the last call's flags decide major/minor
+			 * (FAULT_FLAG_TRIED is set there when the kernel retried it). */
+			st->retrying = 0;
+			st->flags = flags;
+			return;
+		}
+		if (st->ts_ns)
+			COUNT(stale);
+		st->ts_ns = bpf_ktime_get_ns();
+		st->flags = flags;
+		COUNT(started);
+		return;
+	}
+	init.ts_ns = bpf_ktime_get_ns();
+	init.flags = flags;
+	bpf_map_update_elem(&starts, &id, &init, BPF_ANY);
+	COUNT(started);
+}
+
+/* The fault of this thread finished: account it as `kind`. */
+static __always_inline void fault_end(__u64 id, struct memlat_start *st, enum memlat_kind kind)
+{
+	__u64 delta = bpf_ktime_get_ns() - st->ts_ns;
+	struct memlat_key key = { .kind = kind };
+	struct memlat_hist *h;
+	__u32 idx = kind;
+
+	st->ts_ns = 0;
+	COUNT(matched);
+	if (per_process) {
+		key.pid = id >> 32;
+		bpf_get_current_comm(&key.comm, sizeof(key.comm));
+		h = lookup_or_init(&hists, &key, &zero_hist);
+	} else {
+		h = bpf_map_lookup_elem(&totals, &idx);
+	}
+	if (!h) {
+		COUNT(hists_full);
+		return;
+	}
+	/* A per-CPU value, and exits do not nest on a CPU (perf_event programs are kept
+	 * from nesting by the kernel; faults do not run handle_mm_fault in interrupts):
+	 * plain adds are exact and cheaper than atomics. */
+	h->slots[hist_slot(delta / latency_unit_ns, MEMLAT_MAX_SLOTS)]++;
+	h->sum_ns += delta;
+	if (delta >= tail_ns)
+		h->tail++;
+	if (delta > h->max_ns)
+		h->max_ns = delta;
+}
+
+/* Exit seen as a perf software event: the kind is the event's. */
+static __always_inline int perf_exit(enum memlat_kind kind)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct memlat_start *st;
+
+	if (filtered(id))
+		return 0;
+	st = bpf_map_lookup_elem(&starts, &id);
+	if (!st || !st->ts_ns) {
+		COUNT(unmatched);
+		return 0;
+	}
+	fault_end(id, st, kind);
+	return 0;	/* 0: the kernel writes no perf sample */
+}
+
+/* Exit seen at the return of handle_mm_fault: decide as mm_account_fault() does. */
+static __always_inline void ret_exit(__u32 ret)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct memlat_start *st;
+
+	if (filtered(id))
+		return;
+	st = bpf_map_lookup_elem(&starts, &id);
+	if (!st || !st->ts_ns) {
+		COUNT(unmatched);
+		return;
+	}
+	if (ret & VM_FAULT_RETRY_BIT) {
+		st->retrying = 1;	/* not finished: mm_account_fault() waits too */
+		return;
+	}
+	if (ret & VM_FAULT_ERROR_BITS) {
+		st->ts_ns = 0;
+		COUNT(failed);
+		return;
+	}
+	fault_end(id, st,
+		  (ret & VM_FAULT_MAJOR_BIT) || (st->flags & FAULT_FLAG_TRIED_BIT) ? MEMLAT_MAJOR
+										    : MEMLAT_MINOR);
+}
+
+/* ---- fentry/fexit --------------------------------------------------------------- */
+
+SEC("fentry/handle_mm_fault")
+int BPF_PROG(fentry_fault, struct vm_area_struct *vma, unsigned long address, unsigned int flags)
+{
+	fault_start(flags);
+	return 0;
+}
+
+SEC("fexit/handle_mm_fault")
+int BPF_PROG(fexit_fault, struct vm_area_struct *vma, unsigned long address, unsigned int flags,
+	     struct pt_regs *regs, vm_fault_t ret)
+{
+	ret_exit(ret);
+	return 0;
+}
+
+/* ---- kprobe/kretprobe ----------------------------------------------------------- */
+
+SEC("kprobe/handle_mm_fault")
+int BPF_KPROBE(kprobe_fault, struct vm_area_struct *vma, unsigned long address, unsigned int flags)
+{
+	fault_start(flags);
+	return 0;
+}
+
+SEC("kretprobe/handle_mm_fault")
+int BPF_KRETPROBE(kretprobe_fault, vm_fault_t ret)
+{
+	ret_exit(ret);
+	return 0;
+}
+
+/* ---- tracepoint entry + perf_event exit ----------------------------------------- */
+
+SEC("tp_btf/page_fault_user")
+int BPF_PROG(btf_fault_user)
+{
+	fault_start(0);
+	return 0;
+}
+
+SEC("tp_btf/page_fault_kernel")
+int BPF_PROG(btf_fault_kernel)
+{
+	fault_start(0);
+	return 0;
+}
+
+SEC("tracepoint/exceptions/page_fault_user")
+int tp_fault_user(void *ctx)
+{
+	fault_start(0);
+	return 0;
+}
+
+SEC("tracepoint/exceptions/page_fault_kernel")
+int tp_fault_kernel(void *ctx)
+{
+	fault_start(0);
+	return 0;
+}
+
+SEC("perf_event")
+int perf_fault_min(struct bpf_perf_event_data *ctx)
+{
+	return perf_exit(MEMLAT_MINOR);
+}
+
+SEC("perf_event")
+int perf_fault_maj(struct bpf_perf_event_data *ctx)
+{
+	return perf_exit(MEMLAT_MAJOR);
+}
+
+char LICENSE[] SEC("license") = "GPL";

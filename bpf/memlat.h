@@ -1,0 +1,47 @@
+/* Key and value layouts of `meridian memlat`: the one definition that both the
+ * kernel program and the Python decoder (through BTF) read. */
+#ifndef MERIDIAN_MEMLAT_H
+#define MERIDIAN_MEMLAT_H
+
+#define MEMLAT_MAX_SLOTS 32
+#define MEMLAT_COMM_LEN 16
+
+enum memlat_kind {
+	MEMLAT_MINOR,	/* served without I/O */
+	MEMLAT_MAJOR,	/* needed I/O (or was retried), as mm_account_fault() decides */
+};
+
+/* Histogram key: one histogram per kind, and per process with -P (else pid 0). */
+struct memlat_key {
+	__u32 pid;	/* thread group id, 0 unless -P */
+	enum memlat_kind kind;
+	char comm[MEMLAT_COMM_LEN];	/* empty unless -P */
+};
+
+/* Per-CPU value: user space sums the CPUs (and takes the largest max). */
+struct memlat_hist {
+	__u64 slots[MEMLAT_MAX_SLOTS];	/* log2(latency in usecs, or nsecs with --ns) */
+	__u64 sum_ns;
+	__u64 max_ns;
+	__u64 tail;	/* faults at or above the tail threshold, counted exactly */
+};
+
+/* A thread's fault in progress (ts_ns 0 between faults), keyed by pid_tgid. */
+struct memlat_start {
+	__u64 ts_ns;
+	__u32 flags;	/* handle_mm_fault flags (fentry/kprobe paths) */
+	__u32 retrying;	/* handle_mm_fault returned VM_FAULT_RETRY: it will be called again */
+};
+
+/* Everything the tool drops or cannot match, counted per CPU, never silently. */
+struct memlat_counters {
+	__u64 started;		/* fault entries recorded */
+	__u64 matched;		/* entries closed by an exit: the histogram total */
+	__u64 stale;		/* entries overwritten by the next fault of the thread: the
+				 * fault failed (SIGSEGV, fixup) and never reached the exit */
+	__u64 unmatched;	/* exits without an entry (faults in flight at attach) */
+	__u64 failed;		/* handle_mm_fault returned an error (fentry/kprobe paths) */
+	__u64 hists_full;	/* samples not counted: histogram map full */
+};
+
+#endif

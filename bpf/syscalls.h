@@ -1,0 +1,57 @@
+/* Record and map layouts of `meridian syscalls`: the one definition that both the
+ * kernel program and the Python decoder (through BTF) read. */
+#ifndef MERIDIAN_SYSCALLS_H
+#define MERIDIAN_SYSCALLS_H
+
+#define SYSCALLS_MAX_NR 512		/* syscall numbers covered by the sc_meta array */
+#define SYSCALLS_COMM_LEN 16
+#define SYSCALLS_STR_LEN 256		/* one user string argument (a path) */
+#define SYSCALLS_PATH_LEN 256		/* an fd's path, resolved in the kernel */
+#define SYSCALLS_PATH_DEPTH 32		/* dentries walked up from an fd's file (a power of 2) */
+
+enum syscalls_kind {
+	SYSCALLS_START,		/* sys_enter: the arguments */
+	SYSCALLS_END,		/* sys_exit: the result */
+};
+
+/* Per syscall number, set by user space: is it traced, which arguments are user
+ * strings (-1: none), which one is an fd to resolve to a path. */
+struct syscalls_meta {
+	__u8 traced;
+	__s8 str_pos[2];
+	__s8 fd_pos;
+	__u8 need_fd;		/* skip the call when that fd is < 0 (anonymous mmap) */
+	__u8 pad[3];
+};
+
+/* Everything the tool drops or cannot do, counted per CPU, never silently. */
+struct syscalls_counters {
+	__u64 events;		/* records submitted */
+	__u64 lost;		/* records the ring buffer had no room for (index skipped) */
+	__u64 str_retried;	/* user strings unreadable at entry, read again at exit */
+	__u64 str_failed;	/* user strings unreadable at entry */
+	__u64 retry_full;	/* retries not remembered: retry map full */
+	__u64 forks_followed;	/* child processes added to the PID set */
+	__u64 pids_full;	/* child processes not followed: PID set full */
+};
+
+/* One start or end event. Every event takes the next index, dropped ones too, so a
+ * gap in the indices is a drop. */
+struct syscalls_event {
+	__u64 index;
+	__u64 ts_ns;		/* CLOCK_MONOTONIC */
+	__u32 pid;		/* thread group id */
+	__u32 tid;
+	__u32 nr;		/* syscall number */
+	__u8 kind;		/* enum syscalls_kind */
+	__u8 str_ok;		/* bit i: str[i] holds the string argument at meta str_pos[i] */
+	__u8 fd_ok;		/* fd_path holds the path of the fd argument */
+	__u8 pad;
+	__s64 ret;		/* end: the result */
+	__u64 args[6];		/* start (and an end that re-read a string): raw arguments */
+	char comm[SYSCALLS_COMM_LEN];
+	char str[2][SYSCALLS_STR_LEN];
+	char fd_path[SYSCALLS_PATH_LEN];
+};
+
+#endif

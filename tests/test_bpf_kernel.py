@@ -1,0 +1,176 @@
+"""The libbpf layer against the real kernel: maps, perf events, feature probes that
+tell the truth, and errors a person can act on."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from meridian.bpf import BpfObject, PerfEvent, object_path, open_per_cpu, probe
+from meridian.bpf.perf import online_cpus
+from meridian.errors import MapFull, NotSupported, VerifierError
+
+pytestmark = pytest.mark.kernel
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_hash_map_lookup_update_delete_iterate_batch() -> None:
+    with BpfObject(object_path("features")) as obj:
+        obj.select(["probe_tracepoint"])
+        obj.load()
+        m = obj.maps["probe_hash"]  # u32 -> u64, 4 entries
+        for k in (1, 2, 3):
+            m.update(k, k * 100)
+        assert m.lookup(2) == 200
+        assert m.lookup(9) is None
+        assert sorted(m.keys().tolist()) == [1, 2, 3]
+        keys, vals = m.items()
+        assert dict(zip(keys.tolist(), vals.tolist(), strict=True)) == {1: 100, 2: 200, 3: 300}
+        assert m.delete(2) and not m.delete(2)
+        m.update(4, 4)
+        m.update(5, 5)
+        with pytest.raises(MapFull):
+            m.update(6, 6)
+        keys, vals = m.pop_all()
+        assert sorted(keys.tolist()) == [1, 3, 4, 5]
+        assert len(m.keys()) == 0
+
+
+def test_percpu_values_come_one_per_cpu() -> None:
+    with BpfObject(object_path("biolat")) as obj:
+        obj.select(["btf_rq_issue", "btf_rq_complete"])
+        obj.load()
+        counters = obj.maps["counters"]
+        value = counters.lookup(0)
+        assert value.shape == (counters.ncpus,)
+        assert value.dtype.names is not None and "unmatched" in value.dtype.names
+        one = np.zeros((), dtype=counters.value_dtype)
+        one["requeued"] = 7
+        counters.update(0, one)
+        assert counters.lookup(0)["requeued"].tolist() == [7] * counters.ncpus
+
+
+def test_perf_events_open_on_every_cpu() -> None:
+    fds = open_per_cpu(PerfEvent.CPU_CLOCK, sample_period=10_000_000)
+    try:
+        assert len(fds) == len(online_cpus())
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_hardware_events_fail_as_not_supported_when_the_probe_says_so() -> None:
+    if probe("hw_perf").ok:
+        fds = open_per_cpu(PerfEvent.CPU_CYCLES, sample_period=1_000_000)
+        for fd in fds:
+            os.close(fd)
+    else:
+        with pytest.raises(NotSupported, match="hardware perf events"):
+            open_per_cpu(PerfEvent.CPU_CYCLES, sample_period=1_000_000)
+
+
+def test_probes_agree_with_the_kernel() -> None:
+    """kprobes need kprobe_events in tracefs; fentry needs the `tracing` program type,
+    which bpftool's own probe reports."""
+    assert probe("tracepoint").ok and probe("tp_btf").ok and probe("ringbuf").ok
+    assert probe("kprobe").ok == Path("/sys/kernel/tracing/kprobe_events").exists()
+    if shutil.which("bpftool"):
+        out = subprocess.run(
+            ["bpftool", "feature", "probe", "kernel"], capture_output=True, text=True
+        ).stdout
+        tracing = "eBPF program_type tracing is available" in out
+        assert probe("fentry").ok == tracing
+    assert probe("fentry") is probe("fentry")  # cached: one answer per process
+
+
+BAD_PROG = r"""
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+SEC("tracepoint/syscalls/sys_enter_getppid")
+int reads_past_its_stack(void *ctx)
+{
+	volatile char buf[8];
+	return buf[*(volatile int *)ctx + 64];
+}
+char LICENSE[] SEC("license") = "GPL";
+"""
+
+
+def test_verifier_rejection_names_the_program_and_quotes_the_log(tmp_path: Path) -> None:
+    src = tmp_path / "bad.bpf.c"
+    src.write_text(BAD_PROG)
+    obj_path = tmp_path / "bad.bpf.o"
+    subprocess.run(
+        [
+            "clang",
+            "-g",
+            "-O2",
+            "-target",
+            "bpf",
+            f"-I{ROOT / 'build'}",
+            "-c",
+            str(src),
+            "-o",
+            str(obj_path),
+        ],
+        check=True,
+    )
+    with BpfObject(obj_path) as obj, pytest.raises(VerifierError) as info:
+        obj.load()
+    assert info.value.program == "reads_past_its_stack"
+    assert "verifier said" in str(info.value)
+    assert info.value.log_tail
+
+
+def test_without_privileges_the_tools_say_what_to_do() -> None:
+    if not shutil.which("setpriv"):
+        pytest.skip("setpriv not installed")
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    p = subprocess.run(
+        [*nobody, sys.executable, "-m", "meridian", "biolat", "1", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert p.returncode == 2
+    assert "needs root or CAP_BPF+CAP_PERFMON" in p.stderr
+    assert "Traceback" not in p.stderr
+    d = subprocess.run(
+        [*nobody, sys.executable, "-m", "meridian", "doctor"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert d.returncode == 1
+    assert "nothing can run here" in d.stdout
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_no_descriptor_leaks_on_success_or_failure(tmp_path: Path) -> None:
+    from meridian.tools.biolat import Biolat, Options
+
+    before = _open_fds()
+    for _ in range(3):
+        with Biolat(Options(slow_ms=5.0, depth=True)) as tool:
+            tool.snapshot()
+    assert _open_fds() == before
+    with BpfObject(object_path("biolat")) as obj:
+        obj.select(["btf_rq_issue"])
+        obj.set_rodata({"slow_on": True})
+        with pytest.raises(KeyError):
+            obj.set_rodata({"no_such_global": 1})
+    assert _open_fds() == before
+    test_verifier_rejection_names_the_program_and_quotes_the_log(tmp_path)
+    assert _open_fds() == before

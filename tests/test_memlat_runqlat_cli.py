@@ -1,0 +1,118 @@
+"""memlat and runqlat: bad input is one line on stderr and exit 2, before any BPF;
+snapshot arithmetic without a kernel."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from meridian.tools.memlat import Cell, Options, Snapshot
+
+
+def meridian(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "meridian", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["memlat", "--duration", "-1"], "--duration must be greater than 0"),
+        (["memlat", "--duration", "soon"], "--duration must be a number"),
+        (["memlat", "-p", "abc"], "-p takes a process ID"),
+        (["memlat", "-p", "-5"], "-p takes a process ID greater than 0"),
+        (["memlat", "-p", "999999999"], "no process with PID 999999999"),
+        (["memlat", "-o", "/nonexistent/dir/faults.txt"], "directory /nonexistent/dir does not"),
+        (["memlat", "-o", "/tmp"], "it is a directory"),
+        (["memlat", "0"], "interval must be greater than 0"),
+        (["memlat", "1", "1.5"], "count must be a whole number"),
+        (["memlat", "--threshold", "x"], "--threshold must be a number"),
+        (["memlat", "--seconds", "3"], "belong to 'meridian memlat validate'"),
+        (["memlat", "validate", "--seconds", "-2"], "--seconds must be greater than 0"),
+        (["memlat", "validate", "3"], "validate takes no count"),
+        (["memlat", "--strategy", "magic"], "invalid choice"),
+        (["runqlat", "--duration", "-1"], "--duration must be greater than 0"),
+        (["runqlat", "-p", "999999999"], "no process with PID 999999999"),
+        (["runqlat", "-p", "x"], "-p takes a process ID"),
+        (["runqlat", "-1"], "interval must be greater than 0"),
+        (["runqlat", "validate", "--workers", "0"], "--workers must be greater than 0"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    p = meridian(*args)
+    assert p.returncode == 2, p.stderr
+    assert needle in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("tool", ["memlat", "runqlat"])
+def test_help_ends_with_examples(tool: str) -> None:
+    p = meridian(tool, "--help")
+    assert p.returncode == 0
+    assert "examples:" in p.stdout
+    assert p.stdout.rstrip().splitlines()[-1].strip().startswith(f"meridian {tool}")
+
+
+def cell(slots: dict[int, int], sum_ns: int, max_ns: int, tail: int) -> Cell:
+    arr = np.zeros(32, dtype=np.uint64)
+    for i, n in slots.items():
+        arr[i] = n
+    return Cell(arr, sum_ns, max_ns, tail)
+
+
+def test_interval_is_a_difference_and_max_is_honest() -> None:
+    key = (0, 0, "")
+    a = Snapshot(1.0, {key: cell({1: 10, 9: 1}, 5000, 900_000, 1)}, {"matched": 11})
+    b = Snapshot(3.0, {key: cell({1: 30, 2: 5, 9: 1}, 9000, 900_000, 1)}, {"matched": 46})
+    d = b.since(a)
+    assert d.seconds == 2.0
+    got = d.cells[key]
+    assert int(got.slots[1]) == 20 and int(got.slots[2]) == 5 and got.count == 25
+    assert (got.sum_ns, got.tail) == (4000, 0)
+    # The 900 us maximum happened before the interval: the interval's is at most the
+    # top of its highest slot, 2: [4, 7] us, so below 8000 ns.
+    assert got.max_ns == 7999
+    assert d.counters == {"matched": 35}
+    s = d.total("usecs")
+    assert s.count == 25
+    assert s.as_dict(Options())["p99_ns"] <= got.max_ns
+
+
+@pytest.mark.parametrize(
+    ("have", "memlat_pick", "runqlat_pick"),
+    [
+        ({"fentry", "kprobe", "tp_btf", "tracepoint", "perf_event"}, "fentry", "tp_btf"),
+        ({"kprobe", "tp_btf", "tracepoint", "perf_event"}, "kprobe", "tp_btf"),
+        ({"tp_btf", "tracepoint", "perf_event"}, "tp_btf+perf", "tp_btf"),
+        ({"tracepoint", "perf_event"}, "tracepoint+perf", "tracepoint"),
+    ],
+)
+def test_strategy_order_best_first(
+    monkeypatch: pytest.MonkeyPatch, have: set[str], memlat_pick: str, runqlat_pick: str
+) -> None:
+    from meridian.bpf import features
+    from meridian.tools import memlat, runqlat
+
+    def fake(feature: str) -> features.Probe:
+        return features.Probe(feature, feature in have, "fake")
+
+    monkeypatch.setattr(features, "probe", fake)
+    assert features.choose(memlat.STRATEGIES).name == memlat_pick
+    assert features.choose(runqlat.STRATEGIES).name == runqlat_pick
+
+
+def test_memlat_without_perf_events_has_no_strategy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from meridian.bpf import features
+    from meridian.errors import NotSupported
+    from meridian.tools import memlat
+
+    monkeypatch.setattr(
+        features, "probe", lambda f: features.Probe(f, f in {"tracepoint", "tp_btf"}, "fake")
+    )
+    with pytest.raises(NotSupported):
+        features.choose(memlat.STRATEGIES)

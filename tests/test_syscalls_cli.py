@@ -1,0 +1,174 @@
+"""`meridian syscalls` command line without a kernel: bad input is one line and exit 2,
+replay of a recording through the plain, full, JSON and filtered views."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from meridian.cli import main
+from meridian.syscalls import Syscall
+from meridian.syscalls.recording import Recorder
+from meridian.tools.syscalls import MAX_NR, meta_table
+
+T0 = 1_700_000_000_000_000_000
+
+
+def _rec(path: Path) -> Path:
+    base = Syscall(0, "openat", T0, "cat", 7, 7)
+    events = [
+        dataclasses.replace(
+            base, args=("AT_FDCWD", '"/etc/passwd"', "O_RDONLY"), paths=("/etc/passwd",),
+            is_start=True,
+        ),
+        dataclasses.replace(
+            base, index=1, timestamp_ns=T0 + 9000, is_end=True, have_result=True, result=3,
+            result_text="3",
+        ),
+        dataclasses.replace(
+            base, index=2, timestamp_ns=T0 + 10000, args=("AT_FDCWD", '"/nope"', "O_RDONLY"),
+            paths=("/nope",), is_start=True,
+        ),
+        dataclasses.replace(
+            base, index=3, timestamp_ns=T0 + 12000, is_end=True, have_result=True, result=-2,
+            result_text="-2 ENOENT",
+        ),
+    ]  # fmt: skip
+    with Recorder(path) as r:
+        for e in events:
+            r.write(e)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+
+
+def test_unknown_syscall_is_one_line_with_close_matches(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["syscalls", "-e", "openat,opnat"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "meridian syscalls: error: unknown syscall 'opnat'; "
+        "did you mean openat, openat2, open, fchownat?\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-p", "abc"], "-p takes process ids, got 'abc'"),
+        (["--filter", "(", "--regex", "-r", "x"], "bad regular expression '('"),
+        (["-r", "x", "-w", "y"], "-r replays a recording: it takes no command and no -w"),
+        (["-e", "read", "--all"], "give either -e SYSCALLS or --all, not both"),
+        (["--duration", "0"], "--duration must be greater than 0"),
+    ],
+)
+def test_bad_input(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["syscalls", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_replay_views(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rec = str(_rec(tmp_path / "r.jsonl"))
+    assert main(["syscalls", "-r", rec]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        '22:13:20.000000 cat(7:7) openat(AT_FDCWD, "/etc/passwd", O_RDONLY) = 3 <9us>',
+        '22:13:20.000010 cat(7:7) openat(AT_FDCWD, "/nope", O_RDONLY) = -2 ENOENT <2us>',
+    ]
+    assert main(["syscalls", "-r", rec, "--full", "--errno", "enoent"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        '#2 22:13:20.000010 cat(7:7) openat(AT_FDCWD, "/nope", O_RDONLY) ... [end #3]',
+        "#3 22:13:20.000012 cat(7:7) openat() = -2 ENOENT [start #2]",
+    ]
+    assert main(["syscalls", "-r", rec, "--json", "--path", "passwd"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (row["index"], row["start_index"], row["end_index"], row["result"]) == (0, 0, 1, 3)
+    assert row["duration_us"] == 9.0
+    assert main(["syscalls", "-r", rec, "-p", "8"]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_replay_of_a_damaged_file_names_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rec = _rec(tmp_path / "r.jsonl")
+    rec.write_bytes(rec.read_bytes()[:-20])
+    assert main(["syscalls", "-r", str(rec)]) == 2
+    assert capsys.readouterr().err == (
+        f"meridian syscalls: error: {rec}: line 5 is truncated: the recording is damaged\n"
+    )
+    other = tmp_path / "biolat.jsonl"
+    other.write_text('{"time": "x", "devices": []}\n')
+    assert main(["syscalls", "-r", str(other)]) == 2
+    assert "line 1 is not a meridian syscalls header" in capsys.readouterr().err
+
+
+def test_meta_table_positions() -> None:
+    rows = meta_table({"openat", "read", "renameat2", "mmap"})
+    assert len(rows) == MAX_NR
+    assert rows[257] == {"traced": 1, "str_pos": [1, -1], "fd_pos": 0, "need_fd": 0}
+    assert rows[0] == {"traced": 1, "str_pos": [-1, -1], "fd_pos": 0, "need_fd": 0}
+    assert rows[316]["str_pos"] == [1, 3] and rows[316]["traced"] == 1
+    assert rows[9] == {"traced": 1, "str_pos": [-1, -1], "fd_pos": 4, "need_fd": 1}
+    assert rows[2]["traced"] == 0  # open: not asked for
+    assert rows[511] == {"traced": 0, "str_pos": [-1, -1], "fd_pos": -1, "need_fd": 0}
+
+
+def test_plain_view_memory_is_bounded_and_pairs_across_trims() -> None:
+    import io
+
+    from meridian.tools.syscalls import Options, Pipeline
+
+    out = io.StringIO()
+    p = Pipeline(Options(max_rows=10), out)
+    base = Syscall(0, "read", T0, "a", 1, 1)
+    # a long call on tid 1 spans many trims while tid 2 makes 50 short calls
+    p.add(dataclasses.replace(base, args=("3",), is_start=True))
+    for i in range(50):
+        s = dataclasses.replace(base, index=1 + 2 * i, tid=2, name="close", args=("4",))
+        s.is_start = True
+        e = dataclasses.replace(
+            base, index=2 + 2 * i, tid=2, name="close", is_end=True, have_result=True,
+            result_text="0",
+        )  # fmt: skip
+        p.add(s)
+        p.add(e)
+        p.flush()
+        p.trim()
+        assert len(p.agg.log) <= 12
+    p.add(
+        dataclasses.replace(
+            base, index=101, is_end=True, have_result=True, result=5, result_text="5",
+            timestamp_ns=T0 + 7000,
+        )
+    )  # fmt: skip
+    p.finish()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 51 and p.unmatched_ends == 0
+    assert lines[-1] == "22:13:20.000000 a(1:1) read(3) = 5 <7us>"
+    assert all(line.endswith("close(4) = 0 <0us>") for line in lines[:-1])
+
+
+def test_cgroup_must_be_a_cgroup2_directory(tmp_path: Path) -> None:
+    from meridian.errors import UsageError
+    from meridian.tools.syscalls import cgroup_id
+
+    mounts = tmp_path / "mounts"
+    cg = tmp_path / "cg"
+    (cg / "svc").mkdir(parents=True)
+    (cg / "svc" / "cgroup.procs").write_text("")
+    mounts.write_text(f"cgroup2 {cg} cgroup2 rw 0 0\n")
+    assert cgroup_id(str(cg / "svc"), str(mounts)) == (cg / "svc").stat().st_ino
+    with pytest.raises(UsageError, match="no such cgroup"):
+        cgroup_id(str(cg / "nope"), str(mounts))
+    with pytest.raises(UsageError, match=f"not a cgroup v2 directory; cgroup2 is mounted at {cg}"):
+        cgroup_id(str(tmp_path), str(mounts))

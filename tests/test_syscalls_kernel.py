@@ -1,0 +1,258 @@
+"""`meridian syscalls` against the real kernel: a small C program (built here with gcc)
+opens a file, reads it, fails to open a missing one, renames a file and exits. The
+capture must show exactly those calls, paired, with paths, fd paths, -2 ENOENT and
+start/end indices pointing at each other; record then replay gives the same log."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.kernel
+
+PROG = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+	char buf[64];
+	int fd = open(argv[1], O_RDONLY);
+
+	if (fd < 0 || read(fd, buf, sizeof(buf)) < 0 || close(fd))
+		return 1;
+	if (open(argv[2], O_RDONLY) >= 0)
+		return 2;
+	if (rename(argv[3], argv[4]))
+		return 3;
+	return 0;
+}
+"""
+CONTENT = b"hello meridian\n"  # 15 bytes
+
+
+@pytest.fixture(scope="module")
+def prog(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    d = tmp_path_factory.mktemp("prog").resolve()
+    (d / "prog.c").write_text(PROG)
+    subprocess.run(["gcc", "-O1", "-o", str(d / "prog"), str(d / "prog.c")], check=True)
+    return d / "prog"
+
+
+def meridian(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "meridian", "syscalls", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line]
+
+
+@pytest.mark.parametrize("strategy", ["tp_btf", "tracepoint"])
+def test_prog_calls_paired_with_paths(prog: Path, tmp_path: Path, strategy: str) -> None:
+    tmp = tmp_path.resolve()
+    src, missing, a, b = tmp / "input.txt", tmp / "missing.txt", tmp / "a", tmp / "b"
+    src.write_bytes(CONTENT)
+    a.write_text("x")
+    rec = tmp / "rec.jsonl"
+    live = meridian(
+        "--json", "--strategy", strategy, "-w", str(rec), "--", str(prog),
+        str(src), str(missing), str(a), str(b),
+    )  # fmt: skip
+    assert live.returncode == 0, live.stderr
+    assert b.exists() and not a.exists()
+    assert "0 lost" in live.stderr
+    rows = _json_lines(live.stdout)
+    assert {r["pid"] for r in rows} == {rows[0]["pid"]}  # the command only
+    assert rows[0]["syscall"] == "execve" and rows[0]["args"][0] == json.dumps(str(prog))
+    first = next(i for i, r in enumerate(rows) if r.get("paths") == [str(src)])
+    calls = [(r["syscall"], r["args"], r.get("result_text")) for r in rows[first:]]
+    assert calls == [
+        ("openat", ["AT_FDCWD", json.dumps(str(src)), "O_RDONLY"], "3"),
+        ("read", [f"3<{src}>", calls[1][1][1], "64"], str(len(CONTENT))),
+        ("close", [f"3<{src}>"], "0"),
+        ("openat", ["AT_FDCWD", json.dumps(str(missing)), "O_RDONLY"], "-2 ENOENT"),
+        ("rename", [json.dumps(str(a)), json.dumps(str(b))], "0"),
+        ("exit_group", ["0"], None),
+    ]
+    for r in rows[first:-1]:
+        assert r["is_start"] and r["is_end"] and r["end_index"] > r["start_index"] == r["index"]
+        assert r["duration_us"] >= 0
+    assert rows[first + 1]["fd_path"] == str(src)
+    assert rows[-1]["end_index"] == -1 and "result" not in rows[-1]  # exit_group stays open
+
+    # The full log of the replay: every start and end point at each other.
+    full = _json_lines(meridian("-r", str(rec), "--json", "--full").stdout)
+    by_index = {r["index"]: r for r in full}
+    assert len(by_index) == len(full) == 2 * len(rows) - 1  # exit_group has no end
+    for r in full:
+        if r["is_start"] and r["end_index"] >= 0:
+            end = by_index[r["end_index"]]
+            assert end["is_end"] and end["start_index"] == r["index"]
+            assert end["syscall"] == r["syscall"] and end["tid"] == r["tid"]
+            assert end["timestamp_ns"] >= r["timestamp_ns"]
+        if r["is_end"]:
+            assert by_index[r["start_index"]]["end_index"] == r["index"]
+
+    # Record then replay: the same compact log.
+    again = meridian("-r", str(rec), "--json")
+    assert again.returncode == 0, again.stderr
+    key = lambda r: r["index"]  # noqa: E731
+    assert sorted(_json_lines(again.stdout), key=key) == sorted(rows, key=key)
+    plain_live = meridian("-r", str(rec)).stdout
+    assert f'openat(AT_FDCWD, "{missing}", O_RDONLY) = -2 ENOENT <' in plain_live
+
+
+def test_syscall_set_and_failed_filter(prog: Path, tmp_path: Path) -> None:
+    tmp = tmp_path.resolve()
+    src, missing = tmp / "input.txt", tmp / "missing.txt"
+    src.write_bytes(CONTENT)
+    live = meridian(
+        "-e", "openat", "--failed", "--full", "--", str(prog),
+        str(src), str(missing), str(tmp / "nope"), str(tmp / "b"),
+    )  # fmt: skip
+    assert live.returncode == 3  # the command's exit status (rename failed)
+    lines = live.stdout.splitlines()
+    mine = [line for line in lines if str(tmp) in line or "= -2 ENOENT" in line]
+    assert any(f'openat(AT_FDCWD, "{missing}", O_RDONLY) ... [end #' in line for line in mine)
+    assert all("rename" not in line and str(src) not in line for line in lines)
+    # the start row precedes its end, and each names the other
+    start = next(line for line in lines if str(missing) in line)
+    s_idx = int(start.split()[0][1:])
+    e_idx = int(start.rsplit("#", 1)[1].rstrip("]"))
+    assert lines[lines.index(start) + 1].startswith(f"#{e_idx} ")
+    assert lines[lines.index(start) + 1].endswith(f"= -2 ENOENT [start #{s_idx}]")
+
+
+def test_children_are_followed(tmp_path: Path) -> None:
+    tmp = tmp_path.resolve()
+    src = tmp / "input.txt"
+    src.write_bytes(CONTENT)
+    live = meridian(
+        "--json", "-e", "openat,execve", "--", "/bin/sh", "-c", f"cat {src} >/dev/null; true"
+    )
+    assert live.returncode == 0, live.stderr
+    rows = _json_lines(live.stdout)
+    sh = rows[0]["pid"]
+    cat = [r for r in rows if r["comm"] == "cat" and r.get("paths") == [str(src)]]
+    assert len(cat) == 1 and cat[0]["pid"] != sh and cat[0]["result"] >= 0
+
+
+def test_attach_to_a_running_process(tmp_path: Path) -> None:
+    tmp = tmp_path.resolve()
+    code = f"import os, sys; sys.stdin.readline(); os.stat({str(tmp)!r} + '/gone')"
+    target = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    tracer = subprocess.Popen(
+        [sys.executable, "-m", "meridian", "syscalls", "-p", str(target.pid), "-e", "newfstatat"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert tracer.stderr is not None and target.stdin is not None
+        assert tracer.stderr.readline().startswith("Tracing file-system syscalls")
+        target.stdin.write(b"go\n")
+        target.stdin.close()
+        target.wait(30)
+        out, err = tracer.communicate(timeout=30)  # stops once the process is gone
+        assert tracer.returncode == 0, err
+        assert f'newfstatat(AT_FDCWD, "{tmp}/gone", ' in out and "= -2 ENOENT <" in out
+    finally:
+        for p in (tracer, target):
+            p.kill()
+            p.wait()
+
+
+def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:
+    pytest.importorskip("textual")
+    import asyncio
+
+    from meridian.tools.syscalls import Capture, Launcher, Options, _CaptureFeed
+    from meridian.tools.syscalls_tui import SyscallsApp
+
+    tmp = tmp_path.resolve()
+    src, missing, a = tmp / "input.txt", tmp / "missing.txt", tmp / "a"
+    src.write_bytes(CONTENT)
+    a.write_text("x")
+    command = [str(prog), str(src), str(missing), str(a), str(tmp / "b")]
+    with Capture(Options(command=command)) as cap:
+        launcher = Launcher(command)
+        try:
+            cap.add_pid(launcher.pid)
+            app = SyscallsApp(_CaptureFeed(cap, None), live=True)
+
+            async def main() -> None:
+                async with app.run_test(size=(160, 30)) as pilot:
+                    launcher.go()
+                    for _ in range(200):
+                        await pilot.pause(0.05)
+                        if launcher.poll() is not None and len(app.view) and app.view[-1].no_return:
+                            break
+                    app.tick()
+                    rows = [(r.name, r.arguments, r.result_text) for r in app.view]
+                    assert ("openat", f'AT_FDCWD, "{missing}", O_RDONLY', "-2 ENOENT") in rows
+                    assert ("read", f"3<{src}>", "15") in [
+                        (n, a.split(",")[0], r) for n, a, r in rows
+                    ]
+                    assert app.view[-1].name == "exit_group"
+
+            asyncio.run(main())
+            assert launcher.poll() == 0
+        finally:
+            launcher.kill()
+
+
+def test_cgroup_filter(tmp_path: Path) -> None:
+    mounts = Path("/proc/self/mounts").read_text().splitlines()
+    root = next((m.split()[1] for m in mounts if m.split()[2] == "cgroup2"), None)
+    if root is None:
+        pytest.skip("no cgroup2 mount")
+    cg = Path(root) / f"meridian-test-{tmp_path.name}"
+    cg.mkdir()
+    tmp = tmp_path.resolve()
+    (tmp / "input.txt").write_bytes(CONTENT)
+    code = (
+        "import os, sys; sys.stdin.readline(); "
+        f"os.open({str(tmp / 'input.txt')!r}, os.O_RDONLY); os.path.exists({str(tmp)!r} + '/x')"
+    )
+    target = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    tracer = None
+    try:
+        (cg / "cgroup.procs").write_text(str(target.pid))
+        tracer = subprocess.Popen(
+            [sys.executable, "-m", "meridian", "syscalls", "--cgroup", str(cg),
+             "-e", "openat,newfstatat", "--duration", "4"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert tracer.stderr is not None and target.stdin is not None
+        assert tracer.stderr.readline().startswith("Tracing")  # loaded and attached
+        target.stdin.write(b"go\n")
+        target.stdin.close()
+        target.wait(30)
+        out, err = tracer.communicate(timeout=30)
+        assert tracer.returncode == 0, err
+        lines = out.splitlines()
+        assert lines and all(f"({target.pid}:{target.pid})" in line for line in lines)
+        assert any(
+            f'openat(AT_FDCWD, "{tmp}/input.txt", O_RDONLY|O_CLOEXEC) = ' in x for x in lines
+        )
+        assert any(f'newfstatat(AT_FDCWD, "{tmp}/x", ' in x and "-2 ENOENT" in x for x in lines)
+    finally:
+        for p in (tracer, target):
+            if p is not None:
+                p.kill()
+                p.wait()
+        cg.rmdir()
