@@ -58,7 +58,7 @@ $(OBJDIR)/%.bpf.o: bpf/%.bpf.c $(BPF_HDR) $(BUILD)/vmlinux.h
 bpf: $(BPF_OBJ)
 
 run: venv bpf
-	$(VENV)/bin/meridian io --format text --duration 10
+	$(VENV)/bin/meridian biolat --workload 10 1
 
 test: venv bpf
 	$(PY) -m pytest $(PYTEST_ARGS)
