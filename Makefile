@@ -13,7 +13,7 @@ BPF_OBJ   := $(patsubst bpf/%.bpf.c,$(OBJDIR)/%.bpf.o,$(BPF_SRC))
 ARCH      := $(shell uname -m | sed -e 's/x86_64/x86/' -e 's/aarch64/arm64/')
 CLANG     ?= clang
 BPFTOOL   ?= bpftool
-DEB_PKGS  := clang llvm libbpf-dev bpftool bpftrace fio e2fsprogs util-linux
+DEB_PKGS  := clang llvm libbpf-dev bpftool bpftrace fio e2fsprogs util-linux zstd gcc libc6-dev
 PYTEST_ARGS ?=
 
 .PHONY: help deps venv bpf run test lint bench clean
