@@ -12,6 +12,10 @@ contiguous in memory. Each record starts with `struct bpf_ringbuf_hdr`:
 Programs submit with BPF_RB_NO_WAKEUP and only force a wake-up when the ring fills
 past a threshold (each wake-up costs microseconds); the reader drains on a short
 timer, so a quiet ring costs nothing and a busy one is read in large batches.
+
+Ordering: a record's header is read before its data and the consumer position is
+written after the copy; on x86 (TSO) plain loads and stores keep that order. Weaker
+memory models (arm64) would need acquire/release accesses, which Python lacks.
 """
 
 from __future__ import annotations
