@@ -62,7 +62,10 @@ class RingBuffer:
         )
         self._epoll = select.epoll()
         with contextlib.suppress(PermissionError):  # a plain file (tests) cannot be polled
-            self._epoll.register(fd, select.EPOLLIN)
+            # Edge-triggered: report only the kernel's wake-ups (the ring passing its
+            # fill mark), not "data pending", so poll() waits for its timer and drains
+            # large batches instead of spinning on a few records.
+            self._epoll.register(fd, select.EPOLLIN | select.EPOLLET)
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll.register(self._wake, select.EPOLLIN)
         self.closed = False
@@ -86,7 +89,7 @@ class RingBuffer:
 
     def poll(self, timeout: float) -> np.ndarray[Any, Any]:
         """Wait up to `timeout` seconds for a wake-up (or close), then drain."""
-        if not self.closed and self.pending_bytes() == 0:
+        if not self.closed:
             self._epoll.poll(timeout)
         return self.drain()
 
