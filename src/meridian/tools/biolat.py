@@ -25,6 +25,7 @@ from ..bpf import BpfObject, RingBuffer, Strategy, choose, hook_exists, object_p
 from ..errors import UsageError
 from ..hist import Log2Hist, slot_bounds
 from ..output import JsonWriter, fmt_bytes, iso_now, print_table
+from ..reporting import positive_number, report_loop
 from ..system import ensure_ready
 
 __all__ = ["Biolat", "Options", "Snapshot", "add_parser", "run"]
@@ -505,20 +506,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _positive(value: str | None, what: str, integer: bool = False) -> float | None:
-    if value is None:
-        return None
-    try:
-        num = int(value) if integer else float(value)
-    except ValueError:
-        raise UsageError(
-            f"{what} must be a {'whole ' if integer else ''}number, got {value!r}"
-        ) from None
-    if num <= 0 or num != num:
-        raise UsageError(f"{what} must be greater than 0, got {value!r}")
-    return num
-
-
 def options_from_args(args: argparse.Namespace) -> Options:
     slow = None
     if args.slow is not None:
@@ -534,11 +521,11 @@ def options_from_args(args: argparse.Namespace) -> Options:
             disk = proc.parse_device(args.disk)
         except ValueError as exc:
             raise UsageError(f"{exc}: see lsblk for disk names") from None
-    count = _positive(args.count, "count", integer=True)
+    count = positive_number(args.count, "count", integer=True)
     return Options(
-        interval=_positive(args.interval, "interval"),
+        interval=positive_number(args.interval, "interval"),
         count=int(count) if count is not None else None,
-        duration=_positive(args.duration, "--duration"),
+        duration=positive_number(args.duration, "--duration"),
         per_disk=args.disks,
         queued=args.queued,
         millis=args.milliseconds,
@@ -598,11 +585,7 @@ def run_options(opts: Options, out: TextIO) -> int:
 
 
 def _loop(tool: Biolat, opts: Options, out: TextIO, json_out: JsonWriter | None) -> None:
-    start = prev = tool.snapshot()
-    end = start.t + opts.duration if opts.duration else None
-    reports = 0
-
-    def emit(cur: Snapshot) -> None:
+    def emit(prev: Snapshot, cur: Snapshot) -> None:
         delta = cur.since(prev)
         if json_out:
             json_out.write(report_json(delta, opts))
@@ -610,32 +593,24 @@ def _loop(tool: Biolat, opts: Options, out: TextIO, json_out: JsonWriter | None)
             report_text(delta, opts, out)
         out.flush()
 
-    try:
-        while True:
-            now = time.monotonic()
-            due = prev.t + opts.interval if opts.interval else None
-            stop_at = min(t for t in (due, end, now + 3600) if t is not None)
-            while now < stop_at:
-                recs = tool.events(min(0.05, stop_at - now))
-                _print_slow(recs, out, json_out)
-                now = time.monotonic()
-            _print_slow(tool.events(0), out, json_out)
-            cur = tool.snapshot()
-            if due is not None and now >= due:
-                emit(cur)
-                prev = cur
-                reports += 1
-                if opts.count and reports >= opts.count:
-                    return
-            if end is not None and now >= end:
-                if cur.t > prev.t and (opts.interval is None or cur.since(prev).cells):
-                    emit(cur)
-                return
-    except KeyboardInterrupt:
+    def wait(seconds: float) -> None:
+        _print_slow(tool.events(min(0.05, seconds)), out, json_out)
+
+    def last_events() -> None:
         _print_slow(tool.events(0), out, json_out)
         if not opts.json:
             print(file=out)
-        emit(tool.snapshot())
+
+    report_loop(
+        tool.snapshot,
+        emit,
+        interval=opts.interval,
+        count=opts.count,
+        duration=opts.duration,
+        has_news=lambda prev, cur: bool(cur.since(prev).cells),
+        wait=wait,
+        on_interrupt=last_events,
+    )
 
 
 def _print_slow(recs: np.ndarray[Any, Any], out: TextIO, json_out: JsonWriter | None) -> None:

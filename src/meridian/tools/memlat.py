@@ -26,6 +26,7 @@ from ..bpf import BpfObject, PerfEvent, Strategy, choose, object_path, open_per_
 from ..errors import UsageError
 from ..hist import Log2Hist
 from ..output import JsonWriter, iso_now, print_table
+from ..reporting import pid_arg, positive_number, report_loop
 from ..system import ensure_ready
 
 __all__ = [
@@ -562,34 +563,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _number(value: str | None, what: str, integer: bool = False) -> float | None:
-    if value is None:
-        return None
-    try:
-        num = int(value) if integer else float(value)
-    except ValueError:
-        raise UsageError(
-            f"{what} must be a {'whole ' if integer else ''}number, got {value!r}"
-        ) from None
-    if not num > 0 or num == float("inf"):
-        raise UsageError(f"{what} must be greater than 0, got {value!r}")
-    return num
-
-
-def _pid(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        pid = int(value)
-    except ValueError:
-        raise UsageError(f"-p takes a process ID, got {value!r}") from None
-    if pid <= 0:
-        raise UsageError(f"-p takes a process ID greater than 0, got {value!r}")
-    if not Path(f"/proc/{pid}").exists():
-        raise UsageError(f"no process with PID {pid}: see ps or pgrep for running processes")
-    return pid
-
-
 def _output(path: str | None) -> str | None:
     if path is None:
         return None
@@ -602,14 +575,14 @@ def _output(path: str | None) -> str | None:
 
 
 def options_from_args(args: argparse.Namespace, validating: bool = False) -> Options:
-    count = None if validating else _number(args.count, "count", integer=True)
-    threshold = _number(args.threshold, "--threshold")
+    count = None if validating else positive_number(args.count, "count", integer=True)
+    threshold = positive_number(args.threshold, "--threshold")
     return Options(
-        interval=None if validating else _number(args.interval, "interval"),
+        interval=None if validating else positive_number(args.interval, "interval"),
         count=int(count) if count is not None else None,
-        duration=_number(args.duration, "--duration"),
+        duration=positive_number(args.duration, "--duration"),
         per_process=args.pids,
-        pid=_pid(args.pid),
+        pid=pid_arg(args.pid),
         ns=args.ns,
         threshold_us=threshold if threshold is not None else 8.0,
         timestamps=args.timestamp,
@@ -649,8 +622,8 @@ def run(args: argparse.Namespace) -> int:
         if validating:
             if args.count is not None:
                 raise UsageError(f"validate takes no count, got {args.count!r}")
-            secs = _number(args.seconds, "--seconds") or 10.0
-            mb = int(_number(args.mb, "--mb", integer=True) or 256)
+            secs = positive_number(args.seconds, "--seconds") or 10.0
+            mb = int(positive_number(args.mb, "--mb", integer=True) or 256)
             ok, report = validate(opts, secs, mb)
             if opts.json:
                 JsonWriter(out).write(report)
@@ -676,11 +649,7 @@ def run_options(opts: Options, out: TextIO) -> int:
 
 
 def _loop(tool: Memlat, opts: Options, out: TextIO, json_out: JsonWriter | None) -> None:
-    start = prev = tool.snapshot()
-    end = start.t + opts.duration if opts.duration else None
-    reports = 0
-
-    def emit(cur: Snapshot) -> None:
+    def emit(prev: Snapshot, cur: Snapshot) -> None:
         delta = cur.since(prev)
         if json_out:
             json_out.write(report_json(delta, opts, tool.strategy.name))
@@ -688,26 +657,16 @@ def _loop(tool: Memlat, opts: Options, out: TextIO, json_out: JsonWriter | None)
             report_text(delta, opts, out)
         out.flush()
 
-    try:
-        while True:
-            now = time.monotonic()
-            due = prev.t + opts.interval if opts.interval else None
-            stop_at = min(t for t in (due, end, now + 3600) if t is not None)
-            if stop_at > now:
-                time.sleep(stop_at - now)
-            now = time.monotonic()
-            cur = tool.snapshot()
-            if due is not None and now >= due:
-                emit(cur)
-                prev = cur
-                reports += 1
-                if opts.count and reports >= opts.count:
-                    return
-            if end is not None and now >= end:
-                if opts.interval is None or cur.since(prev).cells:
-                    emit(cur)
-                return
-    except KeyboardInterrupt:
+    def blank_line() -> None:
         if not opts.json:
             print(file=out)
-        emit(tool.snapshot())
+
+    report_loop(
+        tool.snapshot,
+        emit,
+        interval=opts.interval,
+        count=opts.count,
+        duration=opts.duration,
+        has_news=lambda prev, cur: bool(cur.since(prev).cells),
+        on_interrupt=blank_line,
+    )
