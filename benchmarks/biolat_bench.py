@@ -9,15 +9,12 @@ Run as root from the repository: .venv/bin/python benchmarks/biolat_bench.py [ro
 from __future__ import annotations
 
 import json
-import os
-import platform
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from _rounds import interleaved, print_ratios
 
 ROOT = Path(__file__).resolve().parent.parent
 MERIDIAN = [str(ROOT / ".venv" / "bin" / "meridian")]
@@ -52,22 +49,6 @@ def fio(dev: str, seconds: int) -> float:
     return float(json.loads(out)["jobs"][0]["read"]["iops"])
 
 
-def traced(cmd: list[str], dev: str, seconds: int, ready: float = 2.5) -> float:
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(ready)  # loaded and attached
-        if p.poll() is not None:
-            raise RuntimeError(f"{cmd[0]} exited: {p.stderr.read() if p.stderr else ''}")
-        return fio(dev, seconds)
-    finally:
-        p.send_signal(signal.SIGINT)
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def main() -> int:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     seconds = 5
@@ -92,30 +73,19 @@ def main() -> int:
         ).stdout.strip()
         script = Path(d) / "biolatency.bt"
         script.write_text(BPFTRACE)
-        results: dict[str, list[float]] = {"untraced": [], "meridian": [], "bpftrace": []}
+        tracers = {
+            "meridian biolat": [*MERIDIAN, "biolat", "-D"],
+            "bpftrace biolatency": ["bpftrace", str(script)],
+        }
         try:
-            for _ in range(rounds):
-                results["untraced"].append(fio(dev, seconds))
-                results["meridian"].append(traced([*MERIDIAN, "biolat", "-D"], dev, seconds))
-                results["bpftrace"].append(traced(["bpftrace", str(script)], dev, seconds))
-            results["untraced"].append(fio(dev, seconds))
+            results = interleaved(lambda: fio(dev, seconds), tracers, rounds, ready=2.5)
         finally:
             subprocess.run(["losetup", "-d", dev], check=False)
-    base = results["untraced"]
-    print(
-        f"machine: {platform.node()} {platform.release()} {platform.machine()}, "
-        f"{os.cpu_count()} CPUs; fio 4k randread O_DIRECT psync QD1 on a loop device, "
-        f"{seconds} s per run, {rounds} rounds"
+    print_ratios(
+        results,
+        f"fio 4k randread O_DIRECT psync QD1 on a loop device, {seconds} s per run",
+        "IOPS",
     )
-    print("\n| config | median IOPS | ratio to untraced (median of rounds) |")
-    print("| --- | ---: | ---: |")
-    print(f"| untraced | {statistics.median(base):,.0f} | 1.00 |")
-    for name in ("meridian", "bpftrace"):
-        ratios = [v / ((base[i] + base[i + 1]) / 2) for i, v in enumerate(results[name])]
-        print(
-            f"| {name} | {statistics.median(results[name]):,.0f} | "
-            f"{statistics.median(ratios):.3f} (rounds: {', '.join(f'{r:.3f}' for r in ratios)}) |"
-        )
     return 0
 
 

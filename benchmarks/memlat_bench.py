@@ -11,14 +11,11 @@ Run as root from the repository: .venv/bin/python benchmarks/memlat_bench.py [ro
 from __future__ import annotations
 
 import json
-import os
-import platform
-import signal
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from _rounds import interleaved, print_ratios
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = str(ROOT / ".venv" / "bin" / "python")
@@ -53,46 +50,11 @@ def touch(seconds: float) -> float:
     return float(r["pages"]) / float(r["seconds"])
 
 
-def traced(cmd: list[str], seconds: float, ready: float = 3.0) -> float:
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(ready)  # loaded and attached
-        if p.poll() is not None:
-            raise RuntimeError(f"{cmd[0]} exited: {p.stderr.read() if p.stderr else ''}")
-        return touch(seconds)
-    finally:
-        p.send_signal(signal.SIGINT)
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def main() -> int:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     seconds = 3.0
-    results: dict[str, list[float]] = {"untraced": [], **{name: [] for name in CONFIGS}}
-    for _ in range(rounds):
-        results["untraced"].append(touch(seconds))
-        for name, cmd in CONFIGS.items():
-            results[name].append(traced(cmd, seconds))
-    results["untraced"].append(touch(seconds))
-    base = results["untraced"]
-    print(
-        f"machine: {platform.node()} {platform.release()} {platform.machine()}, "
-        f"{os.cpu_count()} CPUs; page-touch 256 MiB regions, {seconds:g} s per run, "
-        f"{rounds} rounds"
-    )
-    print("\n| config | median pages/s | ratio to untraced (median of rounds) |")
-    print("| --- | ---: | ---: |")
-    print(f"| untraced | {statistics.median(base):,.0f} | 1.00 |")
-    for name in CONFIGS:
-        ratios = [v / ((base[i] + base[i + 1]) / 2) for i, v in enumerate(results[name])]
-        print(
-            f"| {name} | {statistics.median(results[name]):,.0f} | "
-            f"{statistics.median(ratios):.3f} (rounds: {', '.join(f'{r:.3f}' for r in ratios)}) |"
-        )
+    results = interleaved(lambda: touch(seconds), CONFIGS, rounds)
+    print_ratios(results, f"page-touch 256 MiB regions, {seconds:g} s per run", "pages/s")
     return 0
 
 

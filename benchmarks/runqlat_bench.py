@@ -10,14 +10,11 @@ Run as root from the repository: .venv/bin/python benchmarks/runqlat_bench.py [r
 from __future__ import annotations
 
 import json
-import os
-import platform
-import signal
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from _rounds import interleaved, print_ratios
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = str(ROOT / ".venv" / "bin" / "python")
@@ -51,46 +48,11 @@ def pingpong(seconds: float) -> float:
     return float(json.loads(out.strip().splitlines()[-1])["round_trips"]) / seconds
 
 
-def traced(cmd: list[str], seconds: float, ready: float = 3.0) -> float:
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(ready)  # loaded and attached
-        if p.poll() is not None:
-            raise RuntimeError(f"{cmd[0]} exited: {p.stderr.read() if p.stderr else ''}")
-        return pingpong(seconds)
-    finally:
-        p.send_signal(signal.SIGINT)
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def main() -> int:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     seconds = 3.0
-    results: dict[str, list[float]] = {"untraced": [], **{name: [] for name in CONFIGS}}
-    for _ in range(rounds):
-        results["untraced"].append(pingpong(seconds))
-        for name, cmd in CONFIGS.items():
-            results[name].append(traced(cmd, seconds))
-    results["untraced"].append(pingpong(seconds))
-    base = results["untraced"]
-    print(
-        f"machine: {platform.node()} {platform.release()} {platform.machine()}, "
-        f"{os.cpu_count()} CPUs; pipe ping-pong between two processes, {seconds:g} s per run, "
-        f"{rounds} rounds"
-    )
-    print("\n| config | median round trips/s | ratio to untraced (median of rounds) |")
-    print("| --- | ---: | ---: |")
-    print(f"| untraced | {statistics.median(base):,.0f} | 1.00 |")
-    for name in CONFIGS:
-        ratios = [v / ((base[i] + base[i + 1]) / 2) for i, v in enumerate(results[name])]
-        print(
-            f"| {name} | {statistics.median(results[name]):,.0f} | "
-            f"{statistics.median(ratios):.3f} (rounds: {', '.join(f'{r:.3f}' for r in ratios)}) |"
-        )
+    results = interleaved(lambda: pingpong(seconds), CONFIGS, rounds)
+    print_ratios(results, f"pipe ping-pong, {seconds:g} s per run", "round trips/s")
     return 0
 
 

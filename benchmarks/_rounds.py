@@ -1,0 +1,64 @@
+"""The harness the overhead benchmarks share: run a workload untraced and under each
+tracer, interleaved round by round, and print ratios to the neighbouring untraced runs
+(a round's ratio is traced / mean of the untraced runs before and after it)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+
+
+def under(cmd: list[str], workload: Callable[[], float], ready: float = 3.0) -> float:
+    """Run `workload` while `cmd` (a tracer) is attached; Ctrl-C the tracer after."""
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(ready)  # loaded and attached
+        if p.poll() is not None:
+            raise RuntimeError(f"{cmd[0]} exited: {p.stderr.read() if p.stderr else ''}")
+        return workload()
+    finally:
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def interleaved(
+    workload: Callable[[], float], tracers: dict[str, list[str]], rounds: int, ready: float = 3.0
+) -> dict[str, list[float]]:
+    """untraced, each tracer, ..., untraced: rounds + 1 untraced runs around them."""
+    results: dict[str, list[float]] = {"untraced": [], **{name: [] for name in tracers}}
+    for _ in range(rounds):
+        results["untraced"].append(workload())
+        for name, cmd in tracers.items():
+            results[name].append(under(cmd, workload, ready))
+    results["untraced"].append(workload())
+    return results
+
+
+def print_ratios(results: dict[str, list[float]], what: str, unit: str) -> None:
+    """The machine line and the markdown table of RESULTS.md."""
+    base = results["untraced"]
+    print(
+        f"machine: {platform.node()} {platform.release()} {platform.machine()}, "
+        f"{os.cpu_count()} CPUs; {what}, {len(base) - 1} rounds"
+    )
+    print(f"\n| config | median {unit} | ratio to untraced (median of rounds) |")
+    print("| --- | ---: | ---: |")
+    print(f"| untraced | {statistics.median(base):,.0f} | 1.00 |")
+    for name, values in results.items():
+        if name == "untraced":
+            continue
+        ratios = [v / ((base[i] + base[i + 1]) / 2) for i, v in enumerate(values)]
+        rounds = ", ".join(f"{r:.3f}" for r in ratios)
+        print(
+            f"| {name} | {statistics.median(values):,.0f} | "
+            f"{statistics.median(ratios):.3f} (rounds: {rounds}) |"
+        )
