@@ -4,14 +4,16 @@ happened since the last report before the tool detaches)."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TextIO, TypeVar
 
 from .errors import UsageError
+from .output import JsonWriter
 
-__all__ = ["pid_arg", "positive_number", "report_loop"]
+__all__ = ["pid_arg", "positive_number", "report_loop", "run_histograms"]
 
 
 def positive_number(value: str | None, what: str, integer: bool = False) -> float | None:
@@ -91,3 +93,46 @@ def report_loop(
     except KeyboardInterrupt:
         on_interrupt()
         emit(prev, snapshot())
+
+
+def run_histograms(
+    session: Any,
+    opts: Any,
+    out: TextIO,
+    banner: str,
+    report_json: Callable[[Any, Any, str], Any],
+    report_text: Callable[[Any, Any, TextIO], None],
+) -> int:
+    """Attach a histogram tool's `session` and print its reports (text or JSON lines)
+    per `opts` (interval, count, duration, json, verbose) until done or Ctrl-C."""
+    json_out = JsonWriter(out) if opts.json else None
+    with session as tool:
+        strategy = tool.strategy
+        if opts.verbose:
+            print(f"strategy: {strategy.name} ({', '.join(strategy.programs)})", file=sys.stderr)
+        if not opts.json:
+            print(banner, file=out)
+        out.flush()
+
+        def emit(prev: Any, cur: Any) -> None:
+            delta = cur.since(prev)
+            if json_out:
+                json_out.write(report_json(delta, opts, strategy.name))
+            else:
+                report_text(delta, opts, out)
+            out.flush()
+
+        def blank_line() -> None:
+            if not opts.json:
+                print(file=out)
+
+        report_loop(
+            tool.snapshot,
+            emit,
+            interval=opts.interval,
+            count=opts.count,
+            duration=opts.duration,
+            has_news=lambda prev, cur: bool(cur.since(prev).cells),
+            on_interrupt=blank_line,
+        )
+    return 0

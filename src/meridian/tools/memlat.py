@@ -26,7 +26,7 @@ from ..bpf import BpfObject, PerfEvent, Strategy, choose, object_path, open_per_
 from ..errors import UsageError
 from ..hist import Log2Hist
 from ..output import JsonWriter, iso_now, print_table
-from ..reporting import pid_arg, positive_number, report_loop
+from ..reporting import pid_arg, positive_number, run_histograms
 from ..system import ensure_ready
 
 __all__ = [
@@ -634,39 +634,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_options(opts: Options, out: TextIO) -> int:
-    json_out = JsonWriter(out) if opts.json else None
-    with Memlat(opts) as tool:
-        if opts.verbose:
-            print(
-                f"strategy: {tool.strategy.name} ({', '.join(tool.strategy.programs)})",
-                file=sys.stderr,
-            )
-        if not opts.json:
-            print("Tracing page faults... Hit Ctrl-C to end.", file=out)
-        out.flush()
-        _loop(tool, opts, out, json_out)
-    return 0
-
-
-def _loop(tool: Memlat, opts: Options, out: TextIO, json_out: JsonWriter | None) -> None:
-    def emit(prev: Snapshot, cur: Snapshot) -> None:
-        delta = cur.since(prev)
-        if json_out:
-            json_out.write(report_json(delta, opts, tool.strategy.name))
-        else:
-            report_text(delta, opts, out)
-        out.flush()
-
-    def blank_line() -> None:
-        if not opts.json:
-            print(file=out)
-
-    report_loop(
-        tool.snapshot,
-        emit,
-        interval=opts.interval,
-        count=opts.count,
-        duration=opts.duration,
-        has_news=lambda prev, cur: bool(cur.since(prev).cells),
-        on_interrupt=blank_line,
-    )
+    banner = "Tracing page faults... Hit Ctrl-C to end."
+    return run_histograms(Memlat(opts), opts, out, banner, report_json, report_text)
