@@ -19,6 +19,10 @@
 #include "maps.bpf.h"
 #include "io.h"
 
+/* A no-op at run time: the verifier retypes a kernel address read as a number so its
+ * fields can be loaded directly, without a bpf_probe_read_kernel call each. */
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
+
 #define S_IFMT 0170000
 #define S_IFREG 0100000
 #define PAGE_SIZE_BYTES 4096
@@ -47,11 +51,14 @@ struct fileio_inflight {
 	__u32 pad;
 };
 
+/* Task-local storage: the kernel finds a task's entry through a cache slot in the
+ * task itself (no hashing), creates it on the thread's first traced operation, reuses
+ * it for every later one and frees it when the thread exits: bounded by the number of
+ * threads that did file I/O, with nothing to evict. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(map_flags, BPF_F_NO_COMMON_LRU);	/* per-CPU LRU lists: no global lock */
-	__uint(max_entries, 16384);
-	__type(key, __u32);			/* tid */
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, struct fileio_inflight);
 } inflight SEC(".maps");
 
@@ -129,8 +136,10 @@ static const struct fileio_stats zero_stats;
 			c->field++;                                         \
 	} while (0)
 
-static __always_inline bool traced(__u32 pid)
+static __always_inline bool traced(void)
 {
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+
 	if (pid == self_pid)
 		return false;
 	if (filter_pid && !bpf_map_lookup_elem(&pids, &pid))
@@ -145,69 +154,64 @@ static __always_inline bool traced(__u32 pid)
 	return true;
 }
 
-/* The file behind fd in the current task, or NULL (bounds-checked fd table walk). */
-static __always_inline struct file *fd_file(int fd)
+/* The file behind fd in the current task, or NULL. Every field is a direct load through
+ * BTF (a fault reads as zero: no files, a closed fd); only the fd array slot needs a
+ * probe read. */
+static __always_inline struct file *fd_file(struct task_struct *task, int fd)
 {
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	struct fdtable *fdt = task->files->fdt;
 	struct file **fds;
 	struct file *f = NULL;
 
-	if (!fdt || fd < 0 || (unsigned int)fd >= BPF_CORE_READ(fdt, max_fds))
+	if (fd < 0 || (unsigned int)fd >= fdt->max_fds)
 		return NULL;
-	fds = BPF_CORE_READ(fdt, fd);
+	fds = fdt->fd;
 	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]) || !f)
 		return NULL;
-	return f;
+	return bpf_rdonly_cast(f, bpf_core_type_id_kernel(struct file));
 }
 
-static __always_inline bool is_regular(struct inode *inode)
+static __always_inline void start_op(struct task_struct *task, struct file *f, int fd,
+				     enum io_op op, __u64 bytes_requested, __s64 pos)
 {
-	return inode && (BPF_CORE_READ(inode, i_mode) & S_IFMT) == S_IFREG;
-}
+	struct inode *inode = f->f_inode;
+	struct fileio_inflight *st;
 
-static __always_inline void start_op(__u64 pid_tgid, struct inode *inode, int fd,
-				     enum io_op op, __u64 bytes_requested, __u64 pos)
-{
-	__u32 tid = (__u32)pid_tgid;
-	struct fileio_inflight st = {
-		.start_ns = bpf_ktime_get_ns(),
-		.bytes_requested = bytes_requested,
-		.pos = pos,
-		.ino = BPF_CORE_READ(inode, i_ino),
-		.dev = BPF_CORE_READ(inode, i_sb, s_dev),
-		.fd = fd,
-		.op = op,
-	};
-
-	struct fileio_inflight *old = bpf_map_lookup_elem(&inflight, &tid);
-
-	/* The thread's entry is reused from one operation to the next: no allocation and
-	 * no delete per operation, only one lookup. */
-	if (old)
-		*old = st;
-	else if (bpf_map_update_elem(&inflight, &tid, &st, BPF_ANY))
+	if (!inode || (inode->i_mode & S_IFMT) != S_IFREG)
+		return;
+	/* The thread's entry is created once and reused from one operation to the next. */
+	st = bpf_task_storage_get(&inflight, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!st) {
 		COUNT(inflight_full);
+		return;
+	}
+	if (pos < 0)
+		pos = f->f_pos;
+	st->bytes_requested = bytes_requested;
+	st->pos = pos;
+	st->ino = inode->i_ino;
+	st->dev = inode->i_sb->s_dev;
+	st->fd = fd;
+	st->op = op;
+	st->pages = 0;
+	st->bio_bytes = 0;
+	st->io_wait_ns = 0;
+	st->wait_start_ns = 0;
+	st->start_ns = bpf_ktime_get_ns();
 }
 
 /* pos < 0: the file's own offset (read, readv, preadv2 with -1). */
 static __always_inline void enter_fd(int fd, enum io_op op, __u64 bytes_requested, __s64 pos)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct inode *inode;
+	struct task_struct *task;
 	struct file *f;
 
-	if (!traced(pid_tgid >> 32))
+	if (!traced())
 		return;
-	f = fd_file(fd);
-	if (!f)
-		return;
-	inode = BPF_CORE_READ(f, f_inode);
-	if (!is_regular(inode))
-		return;
-	if (pos < 0)
-		pos = BPF_CORE_READ(f, f_pos);
-	start_op(pid_tgid, inode, fd, op, bytes_requested, pos);
+	task = bpf_get_current_task_btf();
+	f = fd_file(task, fd);
+	if (f)
+		start_op(task, f, fd, op, bytes_requested, pos);
 }
 
 /* Sum of the iov_len of a user iovec array (the first IO_MAX_IOV of them). */
@@ -257,9 +261,10 @@ static __always_inline __u64 take_ahead(struct fileio_inflight *st, long ret)
 
 static __always_inline void finish_op(long ret)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)pid_tgid;
-	struct fileio_inflight *st = bpf_map_lookup_elem(&inflight, &tid);
+	struct fileio_inflight *st =
+		bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
+	__u64 pid_tgid;
+	__u32 tid;
 	struct fileio_key key = {};
 	struct fileio_stats *s;
 	struct fileio_event *ev;
@@ -274,6 +279,8 @@ static __always_inline void finish_op(long ret)
 		return;
 	}
 	now = bpf_ktime_get_ns();
+	pid_tgid = bpf_get_current_pid_tgid();
+	tid = (__u32)pid_tgid;
 	lat = now - st->start_ns;
 	if (st->op == IO_OP_READ && ret > 0)
 		st->pages += take_ahead(st, ret);
@@ -344,8 +351,8 @@ static __always_inline void finish_op(long ret)
 SEC("tracepoint/filemap/mm_filemap_add_to_page_cache")
 int tp_page_added(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct fileio_inflight *st = bpf_map_lookup_elem(&inflight, &tid);
+	struct fileio_inflight *st =
+		bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
 
 	struct ahead_key k = {};
 	struct ahead_range *r, nr;
@@ -395,33 +402,29 @@ int tp_page_added(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 SEC("tracepoint/block/block_bio_queue")
 int tp_bio_queue(struct trace_event_raw_block_bio *ctx)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct fileio_inflight *st = bpf_map_lookup_elem(&inflight, &tid);
+	struct fileio_inflight *st =
+		bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
 
 	if (st && st->start_ns)
 		st->bio_bytes += (__u64)ctx->nr_sector << 9;
 	return 0;
 }
 
-/* At sched_switch the current task is the one leaving the CPU. */
-SEC("tracepoint/sched/sched_switch")
-int tp_sched_switch(struct trace_event_raw_sched_switch *ctx)
+/* A thread with an operation in flight going to sleep in I/O wait, and coming back. */
+SEC("tp_btf/sched_switch")
+int BPF_PROG(tp_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	struct task_struct *prev = (struct task_struct *)bpf_get_current_task();
 	struct fileio_inflight *st;
-	__u32 tid;
 
-	if (BPF_CORE_READ_BITFIELD_PROBED(prev, in_iowait)) {
-		tid = ctx->prev_pid;
-		st = bpf_map_lookup_elem(&inflight, &tid);
+	if (BPF_CORE_READ_BITFIELD(prev, in_iowait)) {
+		st = bpf_task_storage_get(&inflight, prev, 0, 0);
 		if (st && st->start_ns && !st->wait_start_ns) {
 			st->wait_start_ns = bpf_ktime_get_ns();
 			__sync_fetch_and_add(&iowaiters, 1);
 		}
 	}
 	if (iowaiters) {
-		tid = ctx->next_pid;
-		st = bpf_map_lookup_elem(&inflight, &tid);
+		st = bpf_task_storage_get(&inflight, next, 0, 0);
 		if (st && st->wait_start_ns) {
 			st->io_wait_ns += bpf_ktime_get_ns() - st->wait_start_ns;
 			st->wait_start_ns = 0;
@@ -480,65 +483,71 @@ TP_VEC(pwritev2, IO_OP_WRITE, (__s64)ctx->args[3])
 enum { NR_read = 0, NR_write = 1, NR_pread64 = 17, NR_pwrite64 = 18, NR_readv = 19,
        NR_writev = 20, NR_preadv = 295, NR_pwritev = 296, NR_preadv2 = 327,
        NR_pwritev2 = 328 };
-#define SYSCALL_NR(regs) BPF_CORE_READ(regs, orig_ax)
+#define SYSCALL_NR(regs) ((regs)->orig_ax)
+#define SYSCALL_ARG1(regs) ((regs)->di)
+#define SYSCALL_ARG2(regs) ((regs)->si)
+#define SYSCALL_ARG3(regs) ((regs)->dx)
+#define SYSCALL_ARG4(regs) ((regs)->r10)
 #elif defined(__TARGET_ARCH_arm64)
 enum { NR_read = 63, NR_write = 64, NR_readv = 65, NR_writev = 66, NR_pread64 = 67,
        NR_pwrite64 = 68, NR_preadv = 69, NR_pwritev = 70, NR_preadv2 = 286,
        NR_pwritev2 = 287 };
-#define SYSCALL_NR(regs) BPF_CORE_READ(regs, syscallno)
+#define SYSCALL_NR(regs) ((regs)->syscallno)
+#define SYSCALL_ARG1(regs) ((regs)->orig_x0)
+#define SYSCALL_ARG2(regs) ((regs)->regs[1])
+#define SYSCALL_ARG3(regs) ((regs)->regs[2])
+#define SYSCALL_ARG4(regs) ((regs)->regs[3])
 #endif
 
 #ifdef SYSCALL_NR
-static __always_inline bool positional(long id)
-{
-	switch (id) {
-	case NR_pread64: case NR_pwrite64: case NR_preadv: case NR_pwritev:
-	case NR_preadv2: case NR_pwritev2:
-		return true;
-	default:
-		return false;
-	}
-}
+/* The syscall-id filter: one load from a small table indexed by id. */
+#define K_READ 1		/* enum io_op + 1 */
+#define K_WRITE 2
+#define K_VEC 4			/* arguments: fd, iovec array, count */
+#define K_POS 8			/* the 4th argument is the offset */
+#define NR_TABLE 512
 
-/* 1: plain read/write, 2: vector, 0: not ours; op in *op. */
-static __always_inline int classify(long id, enum io_op *op)
+static const __u8 sys_kind[NR_TABLE] = {
+	[NR_read] = K_READ,
+	[NR_pread64] = K_READ | K_POS,
+	[NR_readv] = K_READ | K_VEC,
+	[NR_preadv] = K_READ | K_VEC | K_POS,
+	[NR_preadv2] = K_READ | K_VEC | K_POS,
+	[NR_write] = K_WRITE,
+	[NR_pwrite64] = K_WRITE | K_POS,
+	[NR_writev] = K_WRITE | K_VEC,
+	[NR_pwritev] = K_WRITE | K_VEC | K_POS,
+	[NR_pwritev2] = K_WRITE | K_VEC | K_POS,
+};
+
+static __always_inline __u8 kind_of(unsigned long id)
 {
-	switch (id) {
-	case NR_read: case NR_pread64: *op = IO_OP_READ; return 1;
-	case NR_write: case NR_pwrite64: *op = IO_OP_WRITE; return 1;
-	case NR_readv: case NR_preadv: case NR_preadv2: *op = IO_OP_READ; return 2;
-	case NR_writev: case NR_pwritev: case NR_pwritev2: *op = IO_OP_WRITE; return 2;
-	default: return 0;
-	}
+	return id < NR_TABLE ? sys_kind[id] : 0;
 }
 
 SEC("tp_btf/sys_enter")
 int BPF_PROG(raw_enter, struct pt_regs *regs, long id)
 {
-	enum io_op op = IO_OP_READ;
-	int kind = classify(id, &op);
-	unsigned long fd, a1, a2;
+	__u8 kind = kind_of(id);
+	unsigned long a1, a2;
 	__s64 pos = -1;
 
 	if (!kind)
 		return 0;
-	fd = PT_REGS_PARM1_CORE_SYSCALL(regs);
-	a1 = PT_REGS_PARM2_CORE_SYSCALL(regs);
-	a2 = PT_REGS_PARM3_CORE_SYSCALL(regs);
-	if (positional(id))
-		pos = (__s64)PT_REGS_PARM4_CORE_SYSCALL(regs);
-	enter_fd((int)fd, op, kind == 1 ? a2 : iov_bytes((const struct iovec *)a1, a2), pos);
+	a1 = SYSCALL_ARG2(regs);
+	a2 = SYSCALL_ARG3(regs);
+	if (kind & K_POS)
+		pos = (__s64)SYSCALL_ARG4(regs);
+	enter_fd((int)SYSCALL_ARG1(regs), (kind & K_WRITE) ? IO_OP_WRITE : IO_OP_READ,
+		 (kind & K_VEC) ? iov_bytes((const struct iovec *)a1, a2) : a2, pos);
 	return 0;
 }
 
 SEC("tp_btf/sys_exit")
 int BPF_PROG(raw_exit, struct pt_regs *regs, long ret)
 {
-	enum io_op op;
-
-	if (!classify(SYSCALL_NR(regs), &op))
-		return 0;
-	finish_op(ret);
+	if (kind_of(SYSCALL_NR(regs)))
+		finish_op(ret);
 	return 0;
 }
 #endif
@@ -550,17 +559,11 @@ static __always_inline void enter_file(struct file *file, enum io_op op, __u64 c
 {
 	loff_t pos = 0;
 
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct inode *inode;
-
-	if (!traced(pid_tgid >> 32))
-		return;
-	inode = BPF_CORE_READ(file, f_inode);
-	if (!is_regular(inode))
+	if (!traced())
 		return;
 	if (ppos)
 		bpf_probe_read_kernel(&pos, sizeof(pos), ppos);
-	start_op(pid_tgid, inode, -1, op, count, pos);
+	start_op(bpf_get_current_task_btf(), file, -1, op, count, pos);
 }
 
 SEC("fentry/vfs_read")

@@ -38,7 +38,7 @@ struct fileio_stats {
 /* Everything the tool drops or cannot match, counted per CPU, never silently. */
 struct fileio_counters {
 	__u64 events_lost;	/* ring buffer reservations that failed */
-	__u64 inflight_full;	/* operations not tracked: in-flight map full */
+	__u64 inflight_full;	/* operations not tracked: no task storage (out of memory) */
 	__u64 stats_full;	/* operations not aggregated: aggregate map full */
 	__u64 failed;		/* syscalls that returned an error (not aggregated) */
 };

@@ -46,7 +46,7 @@ STRATEGIES = (
     Strategy(
         "tracepoint",
         tuple(f"tp_{d}_{s}" for s in SYSCALLS for d in ("enter", "exit")),
-        ("tracepoint",),
+        ("tracepoint", "tp_btf"),  # the I/O-wait signal is tp_btf/sched_switch
     ),
     Strategy("tp_btf", ("raw_enter", "raw_exit"), ("tp_btf",)),
 )
@@ -76,7 +76,6 @@ class Options:
     duration: float | None = None
     strategy: str | None = None
     max_pids: int = 8192
-    max_threads: int = 16384
     prometheus: tuple[str, int] | None = None
     verbose: bool = False
 
@@ -116,7 +115,6 @@ class FileIO:
                 }
             )
             obj.resize("stats", o.max_pids)
-            obj.resize("inflight", o.max_threads)
             self.selected = self.programs(obj)
             obj.select(self.selected)
             obj.load()
