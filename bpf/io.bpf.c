@@ -29,6 +29,8 @@ extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 
 const volatile bool filter_pid = false;		/* only PIDs in `pids` */
 const volatile bool filter_comm = false;	/* only comms in `comms` */
+const volatile __u64 filter_cgroup = 0;		/* cgroup v2 id (its directory's inode), 0: all */
+const volatile __u32 cgroup_level = 0;		/* its depth below the cgroup2 root */
 const volatile __u32 self_pid = 0;		/* the agent: never traced */
 const volatile bool events_on = true;
 const volatile bool disk_only = false;
@@ -143,6 +145,9 @@ static __always_inline bool traced(void)
 	if (pid == self_pid)
 		return false;
 	if (filter_pid && !bpf_map_lookup_elem(&pids, &pid))
+		return false;
+	/* The cgroup or any cgroup below it: its ancestor at the cgroup's own depth. */
+	if (filter_cgroup && bpf_get_current_ancestor_cgroup_id(cgroup_level) != filter_cgroup)
 		return false;
 	if (filter_comm) {
 		char comm[IO_COMM_LEN] = {};

@@ -306,3 +306,43 @@ def test_prometheus_port_in_use_is_one_line_exit_2() -> None:
         r = _cli("--prometheus", f"127.0.0.1:{s.getsockname()[1]}", "--duration", "1")
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "cannot listen" in r.stderr
+
+
+def test_cgroup_filter_in_the_kernel(tmp_path: Path) -> None:
+    """--cgroup: a process moved into a test-made cgroup v2 (here a child of it) is
+    traced; the same workload outside it is not."""
+    from meridian.tools.io import cgroup_id, cgroup_mounts
+
+    path = tmp_path / "cg.bin"
+    path.write_bytes(os.urandom(4096))
+    top = Path(cgroup_mounts()[0]) / f"meridian-test-{os.getpid()}"
+    inner = top / "inner"
+    inner.mkdir(parents=True)
+    inside, outside = _child(path), _child(path)
+    try:
+        (inner / "cgroup.procs").write_text(f"{inside.pid}\n")
+        # The filter is the parent cgroup: processes in cgroups below it count too.
+        with FileIO(Options(cgroup=cgroup_id(str(top)))) as tool:
+            _go(inside)
+            _go(outside)
+            events = drain(tool, inside.pid, 3, timeout=2.0)
+            stats = summarize(*tool.stats())
+        _end(inside)
+        _end(outside)
+    finally:
+        for p in (inside, outside):
+            _kill(p)
+        for d in (inner, top):
+            if d.exists():
+                d.rmdir()
+    assert set(stats) == {inside.pid}
+    assert stats[inside.pid].total("read").ops == 3
+    assert stats[inside.pid].total("read").bytes == 3 * 4096
+    assert len(events) == 3
+
+
+def test_bad_cgroup_is_one_line_exit_2() -> None:
+    r = _cli("--cgroup", "/no/such/cgroup")
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "not a cgroup v2 directory" in r.stderr

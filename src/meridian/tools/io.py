@@ -69,6 +69,7 @@ except ImportError:  # the json extra is optional
 class Options:
     pids: list[int] = field(default_factory=list)
     comms: list[str] = field(default_factory=list)
+    cgroup: tuple[int, int] | None = None  # cgroup v2 (id, depth), see cgroup_id()
     format: str = "json"
     min_latency_ns: int = 0
     disk_only: bool = False
@@ -107,6 +108,8 @@ class FileIO:
                 {
                     "filter_pid": bool(o.pids),
                     "filter_comm": bool(o.comms),
+                    "filter_cgroup": o.cgroup[0] if o.cgroup else 0,
+                    "cgroup_level": o.cgroup[1] if o.cgroup else 0,
                     "self_pid": os.getpid(),
                     "events_on": not o.no_events,
                     "disk_only": o.disk_only,
@@ -397,6 +400,7 @@ EXAMPLES = """examples:
   meridian io                       # every read/write on regular files, JSON lines
   meridian io -p 1234 -p 5678       # only these processes (filtered in the kernel)
   meridian io --comm postgres       # only processes with this name
+  meridian io --cgroup /system.slice/nginx.service   # one cgroup (v2) and those below it
   meridian io --format text         # aligned columns for people
   meridian io --disk-only           # only operations that reached the disk
   meridian io --min-latency 10      # only operations slower than 10 ms
@@ -416,6 +420,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("-p", "--pid", action="append", default=[], help="trace this PID (repeatable)")
     p.add_argument("--comm", action="append", default=[], help="trace this process name")
+    p.add_argument(
+        "--cgroup",
+        metavar="PATH",
+        help="only processes in this cgroup v2 directory or below it (a path under the "
+        "cgroup2 mount, or as in /proc/PID/cgroup)",
+    )
     p.add_argument("--format", choices=["json", "text"], default="json", help="event format")
     p.add_argument("--min-latency", metavar="MS", help="only events slower than MS milliseconds")
     p.add_argument("--disk-only", action="store_true", help="only events that reached the disk")
@@ -455,6 +465,43 @@ def parse_pids(values: Sequence[str], proc_root: str = "/proc") -> list[int]:
     return pids
 
 
+def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """Mount points of the cgroup v2 hierarchy (the unified one)."""
+    out = []
+    try:
+        with open(mountinfo) as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.split(" ", 1)[0] == "cgroup2":
+                    out.append(left.split()[4].replace("\\040", " "))
+    except OSError:
+        pass
+    return out
+
+
+def cgroup_id(path: str, mountinfo: str = "/proc/self/mountinfo") -> tuple[int, int]:
+    """(id, depth) of a cgroup v2 directory: the id is the directory's inode number, what
+    bpf_get_current_cgroup_id() returns; the depth counts components below the root.
+    PATH is a directory under a cgroup2 mount or a path as /proc/PID/cgroup shows it."""
+    mounts = cgroup_mounts(mountinfo)
+    if not mounts:
+        raise UsageError("--cgroup needs cgroup v2, and no cgroup2 file system is mounted")
+    for m in mounts:
+        rel = os.path.relpath(os.path.realpath(path), m) if os.path.isabs(path) else path
+        if rel == "." or not rel.startswith(".."):
+            break
+    else:
+        rel = path
+    for m in mounts:
+        full = os.path.normpath(os.path.join(m, rel.lstrip("/")))
+        if os.path.isfile(os.path.join(full, "cgroup.procs")):
+            depth = 0 if full == os.path.normpath(m) else len(os.path.relpath(full, m).split("/"))
+            return os.stat(full).st_ino, depth
+    raise UsageError(
+        f"--cgroup: {path!r} is not a cgroup v2 directory (cgroup2 is mounted at {mounts[0]})"
+    )
+
+
 def options_from_args(args: argparse.Namespace) -> Options:
     comms = []
     for c in args.comm:
@@ -473,6 +520,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     return Options(
         pids=parse_pids(args.pid),
         comms=comms,
+        cgroup=cgroup_id(args.cgroup) if args.cgroup is not None else None,
         format=args.format,
         min_latency_ns=int((min_lat or 0) * 1_000_000),
         disk_only=args.disk_only,
