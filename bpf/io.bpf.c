@@ -47,10 +47,14 @@ struct fileio_inflight {
 	__u64 bio_bytes;	/* bytes of bios this thread submitted */
 	__u64 io_wait_ns;	/* time asleep in I/O wait */
 	__u64 wait_start_ns;	/* non-zero while asleep in I/O wait */
+	__u64 wbio_bytes;	/* the part of bio_bytes that writes */
+	__u64 ino2;		/* copies (sendfile, copy_file_range) between two regular */
+	__u32 dev2;		/* files: the target, written; the source is ino/dev, read */
+	__s32 fd2;
 	__u32 dev;
 	__s32 fd;
 	__u32 op;
-	__u32 pad;
+	__u32 pair;		/* 1: a copy, a read of ino and a write of ino2 */
 };
 
 /* Task-local storage: the kernel finds a task's entry through a cache slot in the
@@ -176,19 +180,30 @@ static __always_inline struct file *fd_file(struct task_struct *task, int fd)
 	return bpf_rdonly_cast(f, bpf_core_type_id_kernel(struct file));
 }
 
-static __always_inline void start_op(struct task_struct *task, struct file *f, int fd,
-				     enum io_op op, __u64 bytes_requested, __s64 pos)
+/* The inode of a regular file, or NULL. */
+static __always_inline struct inode *regular_inode(struct file *f)
 {
-	struct inode *inode = f->f_inode;
-	struct fileio_inflight *st;
+	struct inode *inode = f ? f->f_inode : NULL;
 
 	if (!inode || (inode->i_mode & S_IFMT) != S_IFREG)
-		return;
+		return NULL;
+	return inode;
+}
+
+static __always_inline struct fileio_inflight *start_op(struct task_struct *task,
+							struct file *f, int fd, enum io_op op,
+							__u64 bytes_requested, __s64 pos)
+{
+	struct inode *inode = regular_inode(f);
+	struct fileio_inflight *st;
+
+	if (!inode)
+		return NULL;
 	/* The thread's entry is created once and reused from one operation to the next. */
 	st = bpf_task_storage_get(&inflight, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!st) {
 		COUNT(inflight_full);
-		return;
+		return NULL;
 	}
 	if (pos < 0)
 		pos = f->f_pos;
@@ -198,11 +213,14 @@ static __always_inline void start_op(struct task_struct *task, struct file *f, i
 	st->dev = inode->i_sb->s_dev;
 	st->fd = fd;
 	st->op = op;
+	st->pair = 0;
 	st->pages = 0;
 	st->bio_bytes = 0;
+	st->wbio_bytes = 0;
 	st->io_wait_ns = 0;
 	st->wait_start_ns = 0;
 	st->start_ns = bpf_ktime_get_ns();
+	return st;
 }
 
 /* pos < 0: the file's own offset (read, readv, preadv2 with -1). */
@@ -217,6 +235,40 @@ static __always_inline void enter_fd(int fd, enum io_op op, __u64 bytes_requeste
 	f = fd_file(task, fd);
 	if (f)
 		start_op(task, f, fd, op, bytes_requested, pos);
+}
+
+/* sendfile and copy_file_range: a copy from in_fd to out_fd. Whichever side is a
+ * regular file is traced: the source as a read, the target as a write, both of the
+ * bytes the syscall returns (one operation each, same latency, when both are).
+ * in_off: the user's offset pointer for the source, NULL for the file's own offset. */
+static __always_inline void enter_copy(int in_fd, const loff_t *in_off, int out_fd,
+				       const loff_t *out_off, __u64 count)
+{
+	struct task_struct *task;
+	struct fileio_inflight *st;
+	struct inode *target;
+	struct file *fout;
+	loff_t pos = -1;
+
+	if (!traced())
+		return;
+	task = bpf_get_current_task_btf();
+	fout = fd_file(task, out_fd);
+	target = regular_inode(fout);
+	if (in_off && bpf_probe_read_user(&pos, sizeof(pos), in_off))
+		pos = -1;
+	st = start_op(task, fd_file(task, in_fd), in_fd, IO_OP_READ, count, pos);
+	if (st && target) {
+		st->ino2 = target->i_ino;
+		st->dev2 = target->i_sb->s_dev;
+		st->fd2 = out_fd;
+		st->pair = 1;
+	} else if (!st && target) {
+		pos = -1;
+		if (out_off && bpf_probe_read_user(&pos, sizeof(pos), out_off))
+			pos = -1;
+		start_op(task, fout, out_fd, IO_OP_WRITE, count, pos);
+	}
 }
 
 /* Sum of the iov_len of a user iovec array (the first IO_MAX_IOV of them). */
@@ -264,44 +316,15 @@ static __always_inline __u64 take_ahead(struct fileio_inflight *st, long ret)
 	return hi - lo;
 }
 
-static __always_inline void finish_op(long ret)
+/* One completed operation into the aggregates and, if asked, the event stream. */
+static __always_inline void account(struct fileio_inflight *st, __u32 op, __u64 ino,
+				    __u32 dev, __s32 fd, long ret, __u64 disk, bool cached,
+				    __u64 io_wait, __u64 lat, __u64 now, __u64 pid_tgid)
 {
-	struct fileio_inflight *st =
-		bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
-	__u64 pid_tgid;
-	__u32 tid;
-	struct fileio_key key = {};
+	struct fileio_key key = { .pid = pid_tgid >> 32, .op = op, .cached = cached };
 	struct fileio_stats *s;
 	struct fileio_event *ev;
-	__u64 now, lat, disk;
-	bool cached;
 
-	if (!st || !st->start_ns)
-		return;
-	if (ret < 0) {
-		COUNT(failed);
-		st->start_ns = 0;
-		return;
-	}
-	now = bpf_ktime_get_ns();
-	pid_tgid = bpf_get_current_pid_tgid();
-	tid = (__u32)pid_tgid;
-	lat = now - st->start_ns;
-	if (st->op == IO_OP_READ && ret > 0)
-		st->pages += take_ahead(st, ret);
-	/* disk_bytes of a buffered read: the pages of its range it inserted or an earlier
-	 * read inserted ahead for it (the bios it submits for readahead belong to the reads
-	 * that follow); otherwise, as for O_DIRECT reads and every write (a buffered write
-	 * inserts the pages it dirties, which is no disk I/O), the bios it submitted.
-	 * Cached: no disk bytes, no bio, no time asleep in I/O wait. */
-	disk = st->bio_bytes;
-	if (st->op == IO_OP_READ && st->pages)
-		disk = st->pages * PAGE_SIZE_BYTES;
-	cached = !disk && !st->bio_bytes && !st->io_wait_ns;
-
-	key.pid = pid_tgid >> 32;
-	key.op = st->op;
-	key.cached = cached;
 	s = bpf_map_lookup_elem(&stats, &key);
 	if (!s) {
 		bpf_map_update_elem(&stats, &key, &zero_stats, BPF_NOEXIST);
@@ -314,7 +337,7 @@ static __always_inline void finish_op(long ret)
 		s->bytes += ret;
 		s->bytes_requested += st->bytes_requested;
 		s->disk_bytes += disk;
-		s->io_wait_ns += st->io_wait_ns;
+		s->io_wait_ns += io_wait;
 		s->latency_sum_ns += lat;
 		if (lat > s->latency_max_ns)
 			s->latency_max_ns = lat;
@@ -326,27 +349,71 @@ static __always_inline void finish_op(long ret)
 		COUNT(stats_full);
 	}
 
-	if (events_on && lat >= min_latency_ns && !(disk_only && cached)) {
-		ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
-		if (!ev) {
-			COUNT(events_lost);
-		} else {
-			ev->ts_ns = now;
-			ev->latency_ns = lat;
-			ev->bytes = ret;
-			ev->bytes_requested = st->bytes_requested;
-			ev->disk_bytes = disk;
-			ev->io_wait_ns = st->io_wait_ns;
-			ev->ino = st->ino;
-			ev->dev = st->dev;
-			ev->pid = key.pid;
-			ev->tid = tid;
-			ev->fd = st->fd;
-			ev->op = st->op;
-			ev->cached = cached;
-			bpf_get_current_comm(ev->comm, sizeof(ev->comm));
-			ringbuf_submit_lazy(&events, ev, wakeup_bytes);
-		}
+	if (!events_on || lat < min_latency_ns || (disk_only && cached))
+		return;
+	ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
+	if (!ev) {
+		COUNT(events_lost);
+		return;
+	}
+	ev->ts_ns = now;
+	ev->latency_ns = lat;
+	ev->bytes = ret;
+	ev->bytes_requested = st->bytes_requested;
+	ev->disk_bytes = disk;
+	ev->io_wait_ns = io_wait;
+	ev->ino = ino;
+	ev->dev = dev;
+	ev->pid = key.pid;
+	ev->tid = (__u32)pid_tgid;
+	ev->fd = fd;
+	ev->op = op;
+	ev->cached = cached;
+	bpf_get_current_comm(ev->comm, sizeof(ev->comm));
+	ringbuf_submit_lazy(&events, ev, wakeup_bytes);
+}
+
+static __always_inline void finish_op(long ret)
+{
+	struct fileio_inflight *st =
+		bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
+	__u64 pid_tgid, now, lat, disk, wdisk;
+
+	if (!st || !st->start_ns)
+		return;
+	if (ret < 0) {
+		COUNT(failed);
+		st->start_ns = 0;
+		return;
+	}
+	now = bpf_ktime_get_ns();
+	pid_tgid = bpf_get_current_pid_tgid();
+	lat = now - st->start_ns;
+	if (st->op == IO_OP_READ && ret > 0)
+		st->pages += take_ahead(st, ret);
+	if (!st->pair) {
+		/* disk_bytes of a buffered read: the pages of its range it inserted or an
+		 * earlier read inserted ahead for it (the bios it submits for readahead belong
+		 * to the reads that follow); otherwise, as for O_DIRECT reads and every write
+		 * (a buffered write inserts the pages it dirties, which is no disk I/O), the
+		 * bios it submitted. Cached: no disk bytes, no bio, no time in I/O wait. */
+		disk = st->bio_bytes;
+		if (st->op == IO_OP_READ && st->pages)
+			disk = st->pages * PAGE_SIZE_BYTES;
+		account(st, st->op, st->ino, st->dev, st->fd, ret, disk,
+			!disk && !st->bio_bytes && !st->io_wait_ns, st->io_wait_ns, lat, now,
+			pid_tgid);
+	} else {
+		/* A copy: the read of the source takes the pages inserted (or else the bios
+		 * that read), the write of the target the bios that write. I/O wait goes to
+		 * the write when it submitted write bios, else to the read. */
+		wdisk = st->wbio_bytes;
+		disk = st->pages ? st->pages * PAGE_SIZE_BYTES : st->bio_bytes - wdisk;
+		account(st, IO_OP_READ, st->ino, st->dev, st->fd, ret, disk,
+			!disk && !(st->io_wait_ns && !wdisk), wdisk ? 0 : st->io_wait_ns, lat,
+			now, pid_tgid);
+		account(st, IO_OP_WRITE, st->ino2, st->dev2, st->fd2, ret, wdisk, !wdisk,
+			wdisk ? st->io_wait_ns : 0, lat, now, pid_tgid);
 	}
 	st->start_ns = 0;	/* idle: the entry stays for the thread's next operation */
 }
@@ -366,6 +433,8 @@ int tp_page_added(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 	if (!st || !st->start_ns)
 		return 0;
 	n = 1ULL << (ctx->order & 31);
+	if (st->pair && ctx->i_ino == st->ino2 && ctx->s_dev == st->dev2)
+		return 0;	/* the copy's target: pages it dirties, no disk I/O */
 	if (st->op != IO_OP_READ || ctx->i_ino != st->ino || ctx->s_dev != st->dev) {
 		st->pages += n;		/* metadata, or another file: this operation's disk I/O */
 		return 0;
@@ -410,8 +479,13 @@ int tp_bio_queue(struct trace_event_raw_block_bio *ctx)
 	struct fileio_inflight *st =
 		bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
 
-	if (st && st->start_ns)
-		st->bio_bytes += (__u64)ctx->nr_sector << 9;
+	if (st && st->start_ns) {
+		__u64 n = (__u64)ctx->nr_sector << 9;
+
+		st->bio_bytes += n;
+		if (ctx->rwbs[0] == 'W' || ctx->rwbs[1] == 'W')	/* "W..", "FW.." */
+			st->wbio_bytes += n;
+	}
 	return 0;
 }
 
@@ -482,26 +556,60 @@ TP_VEC(writev, IO_OP_WRITE, -1)
 TP_VEC(pwritev, IO_OP_WRITE, (__s64)ctx->args[3])
 TP_VEC(pwritev2, IO_OP_WRITE, (__s64)ctx->args[3])
 
+/* sendfile64(out_fd, in_fd, loff_t *offset, count) */
+SEC("tracepoint/syscalls/sys_enter_sendfile64")
+int tp_enter_sendfile64(struct trace_event_raw_sys_enter *ctx)
+{
+	enter_copy((int)ctx->args[1], (const loff_t *)ctx->args[2], (int)ctx->args[0], NULL,
+		   ctx->args[3]);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_sendfile64")
+int tp_exit_sendfile64(struct trace_event_raw_sys_exit *ctx)
+{
+	finish_op(ctx->ret);
+	return 0;
+}
+
+/* copy_file_range(fd_in, loff_t *off_in, fd_out, loff_t *off_out, len, flags) */
+SEC("tracepoint/syscalls/sys_enter_copy_file_range")
+int tp_enter_copy_file_range(struct trace_event_raw_sys_enter *ctx)
+{
+	enter_copy((int)ctx->args[0], (const loff_t *)ctx->args[1], (int)ctx->args[2],
+		   (const loff_t *)ctx->args[3], ctx->args[4]);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_copy_file_range")
+int tp_exit_copy_file_range(struct trace_event_raw_sys_exit *ctx)
+{
+	finish_op(ctx->ret);
+	return 0;
+}
+
 /* ---- raw syscall strategy: tp_btf sys_enter / sys_exit with an id filter ----------- */
 
 #if defined(__TARGET_ARCH_x86)
 enum { NR_read = 0, NR_write = 1, NR_pread64 = 17, NR_pwrite64 = 18, NR_readv = 19,
        NR_writev = 20, NR_preadv = 295, NR_pwritev = 296, NR_preadv2 = 327,
-       NR_pwritev2 = 328 };
+       NR_pwritev2 = 328, NR_sendfile = 40, NR_copy_file_range = 326 };
 #define SYSCALL_NR(regs) ((regs)->orig_ax)
 #define SYSCALL_ARG1(regs) ((regs)->di)
 #define SYSCALL_ARG2(regs) ((regs)->si)
 #define SYSCALL_ARG3(regs) ((regs)->dx)
 #define SYSCALL_ARG4(regs) ((regs)->r10)
+#define SYSCALL_ARG5(regs) ((regs)->r8)
 #elif defined(__TARGET_ARCH_arm64)
 enum { NR_read = 63, NR_write = 64, NR_readv = 65, NR_writev = 66, NR_pread64 = 67,
        NR_pwrite64 = 68, NR_preadv = 69, NR_pwritev = 70, NR_preadv2 = 286,
-       NR_pwritev2 = 287 };
+       NR_pwritev2 = 287, NR_sendfile = 71, NR_copy_file_range = 285 };
 #define SYSCALL_NR(regs) ((regs)->syscallno)
 #define SYSCALL_ARG1(regs) ((regs)->orig_x0)
 #define SYSCALL_ARG2(regs) ((regs)->regs[1])
 #define SYSCALL_ARG3(regs) ((regs)->regs[2])
 #define SYSCALL_ARG4(regs) ((regs)->regs[3])
+#define SYSCALL_ARG5(regs) ((regs)->regs[4])
 #endif
 
 #ifdef SYSCALL_NR
@@ -510,6 +618,8 @@ enum { NR_read = 63, NR_write = 64, NR_readv = 65, NR_writev = 66, NR_pread64 = 
 #define K_WRITE 2
 #define K_VEC 4			/* arguments: fd, iovec array, count */
 #define K_POS 8			/* the 4th argument is the offset */
+#define K_SENDFILE 16
+#define K_COPY 32		/* copy_file_range */
 #define NR_TABLE 512
 
 static const __u8 sys_kind[NR_TABLE] = {
@@ -523,6 +633,8 @@ static const __u8 sys_kind[NR_TABLE] = {
 	[NR_writev] = K_WRITE | K_VEC,
 	[NR_pwritev] = K_WRITE | K_VEC | K_POS,
 	[NR_pwritev2] = K_WRITE | K_VEC | K_POS,
+	[NR_sendfile] = K_SENDFILE,
+	[NR_copy_file_range] = K_COPY,
 };
 
 static __always_inline __u8 kind_of(unsigned long id)
@@ -539,6 +651,17 @@ int BPF_PROG(raw_enter, struct pt_regs *regs, long id)
 
 	if (!kind)
 		return 0;
+	if (kind & K_SENDFILE) {
+		enter_copy((int)SYSCALL_ARG2(regs), (const loff_t *)SYSCALL_ARG3(regs),
+			   (int)SYSCALL_ARG1(regs), NULL, SYSCALL_ARG4(regs));
+		return 0;
+	}
+	if (kind & K_COPY) {
+		enter_copy((int)SYSCALL_ARG1(regs), (const loff_t *)SYSCALL_ARG2(regs),
+			   (int)SYSCALL_ARG3(regs), (const loff_t *)SYSCALL_ARG4(regs),
+			   SYSCALL_ARG5(regs));
+		return 0;
+	}
 	a1 = SYSCALL_ARG2(regs);
 	a2 = SYSCALL_ARG3(regs);
 	if (kind & K_POS)

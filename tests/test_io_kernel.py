@@ -346,3 +346,73 @@ def test_bad_cgroup_is_one_line_exit_2() -> None:
     assert r.returncode == 2
     assert r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and "not a cgroup v2 directory" in r.stderr
+
+
+COPIER = r"""
+import os, socket, sys
+src, dst, dst2, dst3 = sys.argv[1:5]
+s = os.open(src, os.O_RDONLY)
+d = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+d2 = os.open(dst2, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+d3 = os.open(dst3, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+z = os.open("/dev/zero", os.O_RDONLY)
+a, b = socket.socketpair()
+sys.stdout.write("ready\n"); sys.stdout.flush()
+sys.stdin.readline()
+got = [
+    os.sendfile(d, s, 0, 65536),            # file -> file: a read and a write
+    os.sendfile(a.fileno(), s, 0, 12288),   # file -> socket: a read
+    os.copy_file_range(s, d2, 32768, 0, 0), # file -> file: a read and a write
+    os.sendfile(d3, z, None, 8192),         # /dev/zero -> file: a write
+]
+sys.stdout.write(" ".join(map(str, got)) + " %d %d %d %d\n" % (s, d, d2, d3))
+sys.stdout.flush()
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("strategy", ["tracepoint", "tp_btf"])
+def test_sendfile_and_copy_file_range(tmp_path: Path, strategy: str) -> None:
+    """The regular-file side of a copy: the source's bytes as a read, the target's as a
+    write, exact, with the right fd and inode; sockets and /dev/zero are not there."""
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(65536))
+    dst, dst2, dst3 = (tmp_path / n for n in ("dst.bin", "dst2.bin", "dst3.bin"))
+    p = subprocess.Popen(
+        [sys.executable, "-c", COPIER, *map(str, (src, dst, dst2, dst3))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        with FileIO(Options(pids=[p.pid], strategy=strategy)) as tool:
+            assert p.stdin is not None
+            p.stdin.write(b"go\n")
+            p.stdin.flush()
+            n_file, n_sock, n_copy, n_zero, fs, fd, fd2, fd3 = map(int, p.stdout.readline().split())
+            events = drain(tool, p.pid, 6, timeout=3.0)
+            stats = summarize(*tool.stats())
+        _end(p)
+    finally:
+        _kill(p)
+    assert (n_file, n_sock, n_copy, n_zero) == (65536, 12288, 32768, 8192)
+    ino = {f: f.stat().st_ino for f in (src, dst, dst2, dst3)}
+    got = sorted((OPS_[int(e["op"])], int(e["fd"]), int(e["ino"]), int(e["bytes"])) for e in events)
+    assert got == sorted(
+        [
+            ("read", fs, ino[src], 65536),
+            ("write", fd, ino[dst], 65536),
+            ("read", fs, ino[src], 12288),
+            ("read", fs, ino[src], 32768),
+            ("write", fd2, ino[dst2], 32768),
+            ("write", fd3, ino[dst3], 8192),
+        ]
+    )
+    ps = stats[p.pid]
+    assert ps.total("read").ops == 3 and ps.total("read").bytes == 65536 + 12288 + 32768
+    assert ps.total("write").ops == 3 and ps.total("write").bytes == 65536 + 32768 + 8192
+    # The source was just written: in the page cache; the targets only dirty pages.
+    assert ps.total("read").disk_bytes == 0 and ps.total("write").disk_bytes == 0
+
+
+OPS_ = ("read", "write")

@@ -41,6 +41,7 @@ __all__ = [
 OPS = ("read", "write")
 SYSCALLS: tuple[str, ...] = ("read", "pread64", "readv", "preadv", "preadv2")
 SYSCALLS += ("write", "pwrite64", "writev", "pwritev", "pwritev2")
+SYSCALLS += ("sendfile64", "copy_file_range")  # a read of the source, a write of the target
 STRATEGIES = (
     Strategy("fentry", ("fentry_read", "fexit_read", "fentry_write", "fexit_write"), ("fentry",)),
     Strategy(
