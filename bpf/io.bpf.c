@@ -97,6 +97,45 @@ struct {
 	__type(value, struct fileio_stats);
 } stats SEC(".maps");
 
+/* A block request in flight, by its struct request pointer: who submitted it
+ * (block_io_start runs in the submitting thread) and when the device got it. */
+struct rq_owner {
+	__u64 op_start;		/* start_ns of the submitter's operation then, 0: none */
+	__u64 issue_ns;
+	__u32 pid;
+	__u32 tid;
+	char comm[IO_COMM_LEN];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);	/* merged-away requests never complete */
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct rq_owner);
+} rqs SEC(".maps");
+
+/* Device time of the requests an operation submitted, by thread, until it finishes. */
+struct op_disk {
+	__u64 op_start;
+	__u64 latency_ns;
+	__u32 requests;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct op_disk);
+} opdisk SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct fileio_disk_key);
+	__type(value, struct fileio_disk_stats);
+} disk_io SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1024);
@@ -133,6 +172,7 @@ __u64 iowaiters = 0;
 __u64 ahead_live = 0;
 
 static const struct fileio_stats zero_stats;
+static const struct fileio_disk_stats zero_disk;
 
 #define COUNT(field)                                                        \
 	do {                                                                \
@@ -319,7 +359,8 @@ static __always_inline __u64 take_ahead(struct fileio_inflight *st, long ret)
 /* One completed operation into the aggregates and, if asked, the event stream. */
 static __always_inline void account(struct fileio_inflight *st, __u32 op, __u64 ino,
 				    __u32 dev, __s32 fd, long ret, __u64 disk, bool cached,
-				    __u64 io_wait, __u64 lat, __u64 now, __u64 pid_tgid)
+				    __u64 io_wait, __u64 lat, __u64 now, __u64 pid_tgid,
+				    const struct op_disk *dl)
 {
 	struct fileio_key key = { .pid = pid_tgid >> 32, .op = op, .cached = cached };
 	struct fileio_stats *s;
@@ -363,6 +404,9 @@ static __always_inline void account(struct fileio_inflight *st, __u32 op, __u64 
 	ev->disk_bytes = disk;
 	ev->io_wait_ns = io_wait;
 	ev->ino = ino;
+	ev->disk_latency_ns = dl ? dl->latency_ns : 0;
+	ev->disk_requests = dl ? dl->requests : 0;
+	ev->pad = 0;
 	ev->dev = dev;
 	ev->pid = key.pid;
 	ev->tid = (__u32)pid_tgid;
@@ -378,6 +422,8 @@ static __always_inline void finish_op(long ret)
 	struct fileio_inflight *st =
 		bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
 	__u64 pid_tgid, now, lat, disk, wdisk;
+	struct op_disk *dl = NULL;
+	__u32 tid;
 
 	if (!st || !st->start_ns)
 		return;
@@ -391,6 +437,13 @@ static __always_inline void finish_op(long ret)
 	lat = now - st->start_ns;
 	if (st->op == IO_OP_READ && ret > 0)
 		st->pages += take_ahead(st, ret);
+	if (st->bio_bytes) {
+		/* It submitted bios: the device time of its requests that completed. */
+		tid = (__u32)pid_tgid;
+		dl = bpf_map_lookup_elem(&opdisk, &tid);
+		if (dl && dl->op_start != st->start_ns)
+			dl = NULL;
+	}
 	if (!st->pair) {
 		/* disk_bytes of a buffered read: the pages of its range it inserted or an
 		 * earlier read inserted ahead for it (the bios it submits for readahead belong
@@ -402,7 +455,7 @@ static __always_inline void finish_op(long ret)
 			disk = st->pages * PAGE_SIZE_BYTES;
 		account(st, st->op, st->ino, st->dev, st->fd, ret, disk,
 			!disk && !st->bio_bytes && !st->io_wait_ns, st->io_wait_ns, lat, now,
-			pid_tgid);
+			pid_tgid, dl);
 	} else {
 		/* A copy: the read of the source takes the pages inserted (or else the bios
 		 * that read), the write of the target the bios that write. I/O wait goes to
@@ -411,9 +464,9 @@ static __always_inline void finish_op(long ret)
 		disk = st->pages ? st->pages * PAGE_SIZE_BYTES : st->bio_bytes - wdisk;
 		account(st, IO_OP_READ, st->ino, st->dev, st->fd, ret, disk,
 			!disk && !(st->io_wait_ns && !wdisk), wdisk ? 0 : st->io_wait_ns, lat,
-			now, pid_tgid);
+			now, pid_tgid, wdisk ? NULL : dl);
 		account(st, IO_OP_WRITE, st->ino2, st->dev2, st->fd2, ret, wdisk, !wdisk,
-			wdisk ? st->io_wait_ns : 0, lat, now, pid_tgid);
+			wdisk ? st->io_wait_ns : 0, lat, now, pid_tgid, wdisk ? dl : NULL);
 	}
 	st->start_ns = 0;	/* idle: the entry stays for the thread's next operation */
 }
@@ -486,6 +539,105 @@ int tp_bio_queue(struct trace_event_raw_block_bio *ctx)
 		if (ctx->rwbs[0] == 'W' || ctx->rwbs[1] == 'W')	/* "W..", "FW.." */
 			st->wbio_bytes += n;
 	}
+	return 0;
+}
+
+/* ---- block layer: requests by submitting process, device latency ---------------- */
+
+/* In the submitting thread: the request is allocated for its bio. */
+SEC("tp_btf/block_io_start")
+int BPF_PROG(tp_io_start, struct request *rq)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct fileio_inflight *st;
+	struct rq_owner o = {};
+	__u64 key = (__u64)rq;
+
+	if (!traced())
+		return 0;
+	st = bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
+	if (st)
+		o.op_start = st->start_ns;
+	o.pid = pid_tgid >> 32;
+	o.tid = (__u32)pid_tgid;
+	bpf_get_current_comm(o.comm, sizeof(o.comm));
+	bpf_map_update_elem(&rqs, &key, &o, BPF_ANY);
+	return 0;
+}
+
+SEC("tp_btf/block_rq_issue")
+int BPF_PROG(tp_rq_issue, struct request *rq)
+{
+	__u64 key = (__u64)rq;
+	struct rq_owner *o = bpf_map_lookup_elem(&rqs, &key);
+
+	if (o)
+		o->issue_ns = bpf_ktime_get_ns();	/* again after a requeue */
+	return 0;
+}
+
+#define REQ_OP_BITS_MASK 0xff
+
+/* A request (or part of it: nr_bytes) completed. The request counts once, when its
+ * last bytes complete; its latency is from the (last) issue to that completion. */
+SEC("tp_btf/block_rq_complete")
+int BPF_PROG(tp_rq_complete, struct request *rq, blk_status_t error, unsigned int nr_bytes)
+{
+	__u64 key = (__u64)rq;
+	struct rq_owner *o = bpf_map_lookup_elem(&rqs, &key);
+	struct fileio_disk_key dk = {};
+	struct fileio_disk_stats *s;
+	struct op_disk *od, nod = {};
+	__u32 op, tid;
+	bool last;
+	__u64 lat;
+
+	if (!o)
+		return 0;
+	op = rq->cmd_flags & REQ_OP_BITS_MASK;	/* REQ_OP_READ 0, REQ_OP_WRITE 1 */
+	last = nr_bytes >= rq->__data_len;
+	if (op > 1 || !o->issue_ns) {
+		if (last)
+			bpf_map_delete_elem(&rqs, &key);
+		return 0;
+	}
+	lat = bpf_ktime_get_ns() - o->issue_ns;
+	dk.pid = o->pid;
+	dk.op = op;
+	s = bpf_map_lookup_elem(&disk_io, &dk);
+	if (!s) {
+		bpf_map_update_elem(&disk_io, &dk, &zero_disk, BPF_NOEXIST);
+		s = bpf_map_lookup_elem(&disk_io, &dk);
+		if (s)
+			__builtin_memcpy(s->comm, o->comm, sizeof(s->comm));
+	}
+	if (!s) {
+		COUNT(disk_full);
+	} else {
+		s->bytes += nr_bytes;
+		if (last) {
+			s->requests++;
+			s->latency_sum_ns += lat;
+			if (lat > s->latency_max_ns)
+				s->latency_max_ns = lat;
+			s->slots[hist_slot(lat, IO_MAX_SLOTS)]++;
+		}
+	}
+	if (last && o->op_start) {
+		tid = o->tid;
+		od = bpf_map_lookup_elem(&opdisk, &tid);
+		if (od && od->op_start == o->op_start) {
+			od->latency_ns += lat;
+			od->requests++;
+		} else {
+			nod.op_start = o->op_start;
+			nod.latency_ns = lat;
+			nod.requests = 1;
+			bpf_map_update_elem(&opdisk, &tid, &nod, BPF_ANY);
+		}
+	}
+	if (last)
+		bpf_map_delete_elem(&rqs, &key);
 	return 0;
 }
 

@@ -35,12 +35,29 @@ struct fileio_stats {
 	char comm[IO_COMM_LEN];
 };
 
+/* Block requests per submitting process and op: what reached the device, with the
+ * device-level latency (issue to completion). */
+struct fileio_disk_key {
+	__u32 pid;
+	__u32 op;		/* enum io_op */
+};
+
+struct fileio_disk_stats {
+	__u64 requests;
+	__u64 bytes;
+	__u64 latency_sum_ns;
+	__u64 latency_max_ns;
+	__u64 slots[IO_MAX_SLOTS];	/* log2(device latency in ns) */
+	char comm[IO_COMM_LEN];
+};
+
 /* Everything the tool drops or cannot match, counted per CPU, never silently. */
 struct fileio_counters {
 	__u64 events_lost;	/* ring buffer reservations that failed */
 	__u64 inflight_full;	/* operations not tracked: no task storage (out of memory) */
 	__u64 stats_full;	/* operations not aggregated: aggregate map full */
 	__u64 failed;		/* syscalls that returned an error (not aggregated) */
+	__u64 disk_full;	/* block requests not aggregated: per-PID disk map full */
 };
 
 /* One read or write on a regular file, streamed through the ring buffer. */
@@ -52,12 +69,16 @@ struct fileio_event {
 	__u64 disk_bytes;
 	__u64 io_wait_ns;
 	__u64 ino;
+	__u64 disk_latency_ns;	/* device time (issue to completion) of the block requests
+				 * the operation submitted and saw complete, summed */
 	__u32 dev;		/* kernel dev_t of the file's super block */
 	__u32 pid;
 	__u32 tid;
 	__s32 fd;		/* -1 where the hook does not know it (vfs_read/vfs_write) */
 	__u32 op;		/* enum io_op */
 	__u32 cached;
+	__u32 disk_requests;	/* those block requests */
+	__u32 pad;
 	char comm[IO_COMM_LEN];
 };
 

@@ -222,12 +222,17 @@ def test_cli_events_with_paths_and_summary(tmp_path: Path) -> None:
     child = _child(path)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "meridian", "io", "-p", str(child.pid), "--duration", "3"],
+            [sys.executable, "-m", "meridian", "io", "-v", "-p", str(child.pid)],
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
         )
-        time.sleep(1.5)  # loaded and attached (not a timed assertion: a start-up wait)
+        assert proc.stderr is not None
+        while "strategy:" not in (line := proc.stderr.readline()):
+            assert line, "meridian io exited before attaching"
         _go(child)
+        time.sleep(0.5)  # the agent drains on a 50 ms timer; SIGTERM drains the rest
+        proc.terminate()
         out, _ = proc.communicate(timeout=30)
         _end(child)
     finally:
@@ -416,3 +421,45 @@ def test_sendfile_and_copy_file_range(tmp_path: Path, strategy: str) -> None:
 
 
 OPS_ = ("read", "write")
+
+
+def disk_summary(tool: FileIO, pid: int) -> dict[str, tuple[int, int, int]]:
+    """(requests, bytes, histogram count) of the block requests `pid` submitted, by op."""
+    keys, vals = tool.disk_stats()
+    out = {}
+    for k, v in zip(keys, vals, strict=True):
+        if int(k["pid"]) == pid:
+            v = np.atleast_1d(v)
+            out[OPS_[int(k["op"])]] = (
+                int(v["requests"].sum()),
+                int(v["bytes"].sum()),
+                int(v["slots"].sum()),
+            )
+    return out
+
+
+def test_block_requests_attributed_to_the_pid(ext4: Path) -> None:
+    """O_DIRECT on the loop device's ext4: each 64 KiB read and write is one block
+    request submitted by dd, with its device latency, in the per-PID disk aggregates and
+    in the operation's event."""
+    path = ext4 / "direct.bin"
+    dd("if=/dev/urandom", f"of={path}", "bs=1M", "count=1", "conv=fsync")
+    ino = path.stat().st_ino
+    with FileIO(Options()) as tool:
+        reader = dd(f"if={path}", "of=/dev/null", "bs=64k", "iflag=direct")
+        events = drain(tool, reader, 17)
+        writer = dd(
+            "if=/dev/zero", f"of={path}", "bs=64k", "count=16", "oflag=direct", "conv=notrunc"
+        )
+        wevents = drain(tool, writer, 16)
+        rd, wr = disk_summary(tool, reader), disk_summary(tool, writer)
+    assert rd == {"read": (16, 1 << 20, 16)}
+    assert wr == {"write": (16, 1 << 20, 16)}
+    for ev, op in ((events, 0), (wevents, 1)):
+        on_file = ev[(ev["ino"] == ino) & (ev["bytes"] > 0) & (ev["op"] == op)]
+        assert len(on_file) == 16
+        assert (on_file["disk_requests"] == 1).all()
+        assert (on_file["disk_latency_ns"] > 0).all()
+        assert (on_file["disk_latency_ns"] <= on_file["latency_ns"]).all()
+    # Operations that submitted nothing carry no device time.
+    assert (events[events["ino"] != ino]["disk_requests"] == 0).all()

@@ -53,6 +53,8 @@ STRATEGIES = (
 )
 # Disk signals, shared by every strategy.
 SIGNALS = ("tp_page_added", "tp_bio_queue", "tp_sched_switch")
+# Block requests by submitting process and their device latency (block_io_start: 6.5+).
+BLOCK = ("tp_io_start", "tp_rq_issue", "tp_rq_complete")
 
 try:
     import orjson
@@ -98,7 +100,8 @@ class FileIO:
     def programs(self, obj: BpfObject) -> list[str]:
         """The strategy's programs whose hooks this kernel has, plus the disk signals."""
         progs = [p for p in self.strategy.programs if hook_exists(obj.programs[p].section)]
-        return progs + list(SIGNALS)
+        block = [p for p in BLOCK if hook_exists(obj.programs[p].section)]
+        return progs + list(SIGNALS) + (block if len(block) == len(BLOCK) else [])
 
     def __enter__(self) -> FileIO:
         ensure_ready()
@@ -119,6 +122,7 @@ class FileIO:
                 }
             )
             obj.resize("stats", o.max_pids)
+            obj.resize("disk_io", o.max_pids)
             self.selected = self.programs(obj)
             obj.select(self.selected)
             obj.load()
@@ -149,6 +153,13 @@ class FileIO:
         (max of maxima, min of non-zero first times, max of last times)."""
         assert self.obj is not None
         keys, vals = self.obj.maps["stats"].items()
+        return keys, vals
+
+    def disk_stats(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """Block requests per (submitting PID, op): keys and per-CPU values of
+        `fileio_disk_stats` (requests, bytes, device latency sum, max, log2 slots)."""
+        assert self.obj is not None
+        keys, vals = self.obj.maps["disk_io"].items()
         return keys, vals
 
     def counters(self) -> dict[str, int]:
