@@ -280,35 +280,39 @@ static __always_inline void enter_fd(int fd, enum io_op op, __u64 bytes_requeste
 /* sendfile and copy_file_range: a copy from in_fd to out_fd. Whichever side is a
  * regular file is traced: the source as a read, the target as a write, both of the
  * bytes the syscall returns (one operation each, same latency, when both are).
- * in_off: the user's offset pointer for the source, NULL for the file's own offset. */
-static __always_inline void enter_copy(int in_fd, const loff_t *in_off, int out_fd,
-				       const loff_t *out_off, __u64 count)
+ * in_pos / out_pos: the offsets, -1 for the file's own. */
+static __always_inline void enter_copy(int in_fd, __s64 in_pos, int out_fd, __s64 out_pos,
+				       __u64 count)
 {
 	struct task_struct *task;
 	struct fileio_inflight *st;
 	struct inode *target;
 	struct file *fout;
-	loff_t pos = -1;
 
 	if (!traced())
 		return;
 	task = bpf_get_current_task_btf();
 	fout = fd_file(task, out_fd);
 	target = regular_inode(fout);
-	if (in_off && bpf_probe_read_user(&pos, sizeof(pos), in_off))
-		pos = -1;
-	st = start_op(task, fd_file(task, in_fd), in_fd, IO_OP_READ, count, pos);
+	st = start_op(task, fd_file(task, in_fd), in_fd, IO_OP_READ, count, in_pos);
 	if (st && target) {
 		st->ino2 = target->i_ino;
 		st->dev2 = target->i_sb->s_dev;
 		st->fd2 = out_fd;
 		st->pair = 1;
 	} else if (!st && target) {
-		pos = -1;
-		if (out_off && bpf_probe_read_user(&pos, sizeof(pos), out_off))
-			pos = -1;
-		start_op(task, fout, out_fd, IO_OP_WRITE, count, pos);
+		start_op(task, fout, out_fd, IO_OP_WRITE, count, out_pos);
 	}
+}
+
+/* An offset behind a user pointer, -1 (the file's own) for NULL. */
+static __always_inline __s64 user_pos(const loff_t *p)
+{
+	loff_t pos = -1;
+
+	if (p && bpf_probe_read_user(&pos, sizeof(pos), p))
+		pos = -1;
+	return pos;
 }
 
 /* Sum of the iov_len of a user iovec array (the first IO_MAX_IOV of them). */
@@ -712,8 +716,8 @@ TP_VEC(pwritev2, IO_OP_WRITE, (__s64)ctx->args[3])
 SEC("tracepoint/syscalls/sys_enter_sendfile64")
 int tp_enter_sendfile64(struct trace_event_raw_sys_enter *ctx)
 {
-	enter_copy((int)ctx->args[1], (const loff_t *)ctx->args[2], (int)ctx->args[0], NULL,
-		   ctx->args[3]);
+	enter_copy((int)ctx->args[1], user_pos((const loff_t *)ctx->args[2]), (int)ctx->args[0],
+		   -1, ctx->args[3]);
 	return 0;
 }
 
@@ -728,8 +732,8 @@ int tp_exit_sendfile64(struct trace_event_raw_sys_exit *ctx)
 SEC("tracepoint/syscalls/sys_enter_copy_file_range")
 int tp_enter_copy_file_range(struct trace_event_raw_sys_enter *ctx)
 {
-	enter_copy((int)ctx->args[0], (const loff_t *)ctx->args[1], (int)ctx->args[2],
-		   (const loff_t *)ctx->args[3], ctx->args[4]);
+	enter_copy((int)ctx->args[0], user_pos((const loff_t *)ctx->args[1]), (int)ctx->args[2],
+		   user_pos((const loff_t *)ctx->args[3]), ctx->args[4]);
 	return 0;
 }
 
@@ -804,13 +808,13 @@ int BPF_PROG(raw_enter, struct pt_regs *regs, long id)
 	if (!kind)
 		return 0;
 	if (kind & K_SENDFILE) {
-		enter_copy((int)SYSCALL_ARG2(regs), (const loff_t *)SYSCALL_ARG3(regs),
-			   (int)SYSCALL_ARG1(regs), NULL, SYSCALL_ARG4(regs));
+		enter_copy((int)SYSCALL_ARG2(regs), user_pos((const loff_t *)SYSCALL_ARG3(regs)),
+			   (int)SYSCALL_ARG1(regs), -1, SYSCALL_ARG4(regs));
 		return 0;
 	}
 	if (kind & K_COPY) {
-		enter_copy((int)SYSCALL_ARG1(regs), (const loff_t *)SYSCALL_ARG2(regs),
-			   (int)SYSCALL_ARG3(regs), (const loff_t *)SYSCALL_ARG4(regs),
+		enter_copy((int)SYSCALL_ARG1(regs), user_pos((const loff_t *)SYSCALL_ARG2(regs)),
+			   (int)SYSCALL_ARG3(regs), user_pos((const loff_t *)SYSCALL_ARG4(regs)),
 			   SYSCALL_ARG5(regs));
 		return 0;
 	}
@@ -832,44 +836,213 @@ int BPF_PROG(raw_exit, struct pt_regs *regs, long ret)
 }
 #endif
 
-/* ---- fentry strategy: vfs_read / vfs_write ------------------------------------------ */
+/* ---- fentry strategy: the syscall bodies that take the fd ----------------------------
+ * ksys_read/ksys_write, ksys_pread64/ksys_pwrite64, do_readv/do_writev (readv, writev),
+ * do_preadv/do_pwritev (preadv, preadv2, pwritev, pwritev2), do_sendfile, and the
+ * copy_file_range syscall itself. They sit right above vfs_read/vfs_write/vfs_readv/
+ * vfs_writev and, unlike those, still have the fd, so events carry the real fd as on the
+ * tracepoint path. vfs_iter_read/vfs_iter_write are not hooked: only kernel users call
+ * them (the loop device's worker, overlayfs, nfsd), and under overlayfs they would count
+ * a user's read twice. A trampoline costs less than a syscall tracepoint. */
 
-static __always_inline void enter_file(struct file *file, enum io_op op, __u64 count,
-				       loff_t *ppos)
+#define FX_PLAIN(fn, op)                                                    \
+	SEC("fentry/" #fn)                                                  \
+	int BPF_PROG(fentry_##fn, unsigned int fd, char *buf, size_t count) \
+	{                                                                   \
+		enter_fd((int)fd, op, count, -1);                           \
+		return 0;                                                   \
+	}                                                                   \
+	SEC("fexit/" #fn)                                                   \
+	int BPF_PROG(fexit_##fn, unsigned int fd, char *buf, size_t count, long ret) \
+	{                                                                   \
+		finish_op(ret);                                             \
+		return 0;                                                   \
+	}
+
+#define FX_POS(fn, op)                                                      \
+	SEC("fentry/" #fn)                                                  \
+	int BPF_PROG(fentry_##fn, unsigned int fd, char *buf, size_t count, loff_t pos) \
+	{                                                                   \
+		enter_fd((int)fd, op, count, pos);                          \
+		return 0;                                                   \
+	}                                                                   \
+	SEC("fexit/" #fn)                                                   \
+	int BPF_PROG(fexit_##fn, unsigned int fd, char *buf, size_t count, loff_t pos, \
+		     long ret)                                              \
+	{                                                                   \
+		finish_op(ret);                                             \
+		return 0;                                                   \
+	}
+
+#define FX_VEC(fn, op)                                                      \
+	SEC("fentry/" #fn)                                                  \
+	int BPF_PROG(fentry_##fn, unsigned long fd, const struct iovec *vec, \
+		     unsigned long vlen)                                    \
+	{                                                                   \
+		enter_fd((int)fd, op, iov_bytes(vec, vlen), -1);            \
+		return 0;                                                   \
+	}                                                                   \
+	SEC("fexit/" #fn)                                                   \
+	int BPF_PROG(fexit_##fn, unsigned long fd, const struct iovec *vec, \
+		     unsigned long vlen, rwf_t flags, long ret)             \
+	{                                                                   \
+		finish_op(ret);                                             \
+		return 0;                                                   \
+	}
+
+/* do_preadv(fd, vec, vlen, pos, flags): pos -1 (preadv2) is the file's own offset. */
+#define FX_VECPOS(fn, op)                                                   \
+	SEC("fentry/" #fn)                                                  \
+	int BPF_PROG(fentry_##fn, unsigned long fd, const struct iovec *vec, \
+		     unsigned long vlen, loff_t pos)                        \
+	{                                                                   \
+		enter_fd((int)fd, op, iov_bytes(vec, vlen), pos);           \
+		return 0;                                                   \
+	}                                                                   \
+	SEC("fexit/" #fn)                                                   \
+	int BPF_PROG(fexit_##fn, unsigned long fd, const struct iovec *vec, \
+		     unsigned long vlen, loff_t pos, rwf_t flags, long ret) \
+	{                                                                   \
+		finish_op(ret);                                             \
+		return 0;                                                   \
+	}
+
+FX_PLAIN(ksys_read, IO_OP_READ)
+FX_PLAIN(ksys_write, IO_OP_WRITE)
+FX_POS(ksys_pread64, IO_OP_READ)
+FX_POS(ksys_pwrite64, IO_OP_WRITE)
+FX_VEC(do_readv, IO_OP_READ)
+FX_VEC(do_writev, IO_OP_WRITE)
+FX_VECPOS(do_preadv, IO_OP_READ)
+FX_VECPOS(do_pwritev, IO_OP_WRITE)
+
+/* do_sendfile(out_fd, in_fd, loff_t *ppos, count, max): ppos is a kernel copy. */
+SEC("fentry/do_sendfile")
+int BPF_PROG(fentry_do_sendfile, int out_fd, int in_fd, loff_t *ppos, size_t count)
 {
-	loff_t pos = 0;
+	loff_t pos = -1;
 
-	if (!traced())
-		return;
-	if (ppos)
-		bpf_probe_read_kernel(&pos, sizeof(pos), ppos);
-	start_op(bpf_get_current_task_btf(), file, -1, op, count, pos);
-}
-
-SEC("fentry/vfs_read")
-int BPF_PROG(fentry_read, struct file *file, char *buf, size_t count, loff_t *pos)
-{
-	enter_file(file, IO_OP_READ, count, pos);
+	if (ppos && bpf_probe_read_kernel(&pos, sizeof(pos), ppos))
+		pos = -1;
+	enter_copy(in_fd, pos, out_fd, -1, count);
 	return 0;
 }
 
-SEC("fexit/vfs_read")
-int BPF_PROG(fexit_read, struct file *file, char *buf, size_t count, loff_t *pos, ssize_t ret)
+SEC("fexit/do_sendfile")
+int BPF_PROG(fexit_do_sendfile, int out_fd, int in_fd, loff_t *ppos, size_t count, loff_t max,
+	     long ret)
 {
 	finish_op(ret);
 	return 0;
 }
 
-SEC("fentry/vfs_write")
-int BPF_PROG(fentry_write, struct file *file, const char *buf, size_t count, loff_t *pos)
+#ifdef SYSCALL_NR
+/* copy_file_range has no fd-taking helper below the syscall: hook the syscall itself. */
+#if defined(__TARGET_ARCH_x86)
+#define SYS_COPY_FILE_RANGE "__x64_sys_copy_file_range"
+#else
+#define SYS_COPY_FILE_RANGE "__arm64_sys_copy_file_range"
+#endif
+
+SEC("fentry/" SYS_COPY_FILE_RANGE)
+int BPF_PROG(fentry_copy_file_range, const struct pt_regs *regs)
 {
-	enter_file(file, IO_OP_WRITE, count, pos);
+	enter_copy((int)SYSCALL_ARG1(regs), user_pos((const loff_t *)SYSCALL_ARG2(regs)),
+		   (int)SYSCALL_ARG3(regs), user_pos((const loff_t *)SYSCALL_ARG4(regs)),
+		   SYSCALL_ARG5(regs));
 	return 0;
 }
 
-SEC("fexit/vfs_write")
-int BPF_PROG(fexit_write, struct file *file, const char *buf, size_t count, loff_t *pos,
-	     ssize_t ret)
+SEC("fexit/" SYS_COPY_FILE_RANGE)
+int BPF_PROG(fexit_copy_file_range, const struct pt_regs *regs, long ret)
+{
+	finish_op(ret);
+	return 0;
+}
+#endif
+
+/* ---- kprobe strategy: the syscalls through their wrappers (ksyscall) -----------------
+ * Where kprobes work but trampolines do not: libbpf's ksyscall finds the architecture's
+ * wrapper and reads the user's arguments; the real fd comes with them. */
+
+#define KS_PLAIN(name, op)                                                  \
+	SEC("ksyscall/" #name)                                              \
+	int BPF_KSYSCALL(ks_##name, unsigned int fd, char *buf, size_t count) \
+	{                                                                   \
+		enter_fd((int)fd, op, count, -1);                           \
+		return 0;                                                   \
+	}                                                                   \
+	SEC("kretsyscall/" #name)                                           \
+	int BPF_KRETPROBE(kr_##name, long ret)                              \
+	{                                                                   \
+		finish_op(ret);                                             \
+		return 0;                                                   \
+	}
+
+#define KS_POS(name, op)                                                    \
+	SEC("ksyscall/" #name)                                              \
+	int BPF_KSYSCALL(ks_##name, unsigned int fd, char *buf, size_t count, loff_t pos) \
+	{                                                                   \
+		enter_fd((int)fd, op, count, pos);                          \
+		return 0;                                                   \
+	}                                                                   \
+	SEC("kretsyscall/" #name)                                           \
+	int BPF_KRETPROBE(kr_##name, long ret)                              \
+	{                                                                   \
+		finish_op(ret);                                             \
+		return 0;                                                   \
+	}
+
+#define KS_VEC(name, op, posarg)                                            \
+	SEC("ksyscall/" #name)                                              \
+	int BPF_KSYSCALL(ks_##name, unsigned long fd, const struct iovec *vec, \
+			 unsigned long vlen, long pos_l)                    \
+	{                                                                   \
+		enter_fd((int)fd, op, iov_bytes(vec, vlen), posarg);        \
+		return 0;                                                   \
+	}                                                                   \
+	SEC("kretsyscall/" #name)                                           \
+	int BPF_KRETPROBE(kr_##name, long ret)                              \
+	{                                                                   \
+		finish_op(ret);                                             \
+		return 0;                                                   \
+	}
+
+KS_PLAIN(read, IO_OP_READ)
+KS_PLAIN(write, IO_OP_WRITE)
+KS_POS(pread64, IO_OP_READ)
+KS_POS(pwrite64, IO_OP_WRITE)
+KS_VEC(readv, IO_OP_READ, -1)
+KS_VEC(writev, IO_OP_WRITE, -1)
+KS_VEC(preadv, IO_OP_READ, pos_l)
+KS_VEC(preadv2, IO_OP_READ, pos_l)
+KS_VEC(pwritev, IO_OP_WRITE, pos_l)
+KS_VEC(pwritev2, IO_OP_WRITE, pos_l)
+
+SEC("ksyscall/sendfile64")
+int BPF_KSYSCALL(ks_sendfile64, int out_fd, int in_fd, loff_t *offset, size_t count)
+{
+	enter_copy(in_fd, user_pos(offset), out_fd, -1, count);
+	return 0;
+}
+
+SEC("kretsyscall/sendfile64")
+int BPF_KRETPROBE(kr_sendfile64, long ret)
+{
+	finish_op(ret);
+	return 0;
+}
+
+SEC("ksyscall/copy_file_range")
+int BPF_KSYSCALL(ks_copy_file_range, int fd_in, loff_t *off_in, int fd_out, loff_t *off_out,
+		 size_t len)
+{
+	enter_copy(fd_in, user_pos(off_in), fd_out, user_pos(off_out), len);
+	return 0;
+}
+
+SEC("kretsyscall/copy_file_range")
+int BPF_KRETPROBE(kr_copy_file_range, long ret)
 {
 	finish_op(ret);
 	return 0;

@@ -463,3 +463,39 @@ def test_block_requests_attributed_to_the_pid(ext4: Path) -> None:
         assert (on_file["disk_latency_ns"] <= on_file["latency_ns"]).all()
     # Operations that submitted nothing carry no device time.
     assert (events[events["ino"] != ino]["disk_requests"] == 0).all()
+
+
+def test_kprobe_strategy_passes_the_verifier() -> None:
+    """kprobes cannot attach on this kernel, but their programs load: the verifier
+    accepts the kprobe path (ksyscall wrappers, real fds) as it is shipped."""
+    from meridian.bpf import BpfObject, object_path
+    from meridian.tools.io import SIGNALS, STRATEGIES
+
+    kprobe = next(s for s in STRATEGIES if s.name == "kprobe")
+    with BpfObject(object_path("io")) as obj:
+        obj.select([*kprobe.programs, *SIGNALS])
+        obj.load()
+
+
+def test_strategy_falls_through_and_is_named() -> None:
+    """choose() skips what this kernel refuses (fentry: EPERM, kprobe: no kprobe events
+    here) and takes the first that works; -v says which, as does meridian doctor."""
+    from meridian.bpf import choose
+    from meridian.tools.io import STRATEGIES
+
+    chosen = choose(STRATEGIES)
+    before = STRATEGIES[: STRATEGIES.index(chosen)]
+    assert all(s.missing() for s in before)
+    with FileIO(Options(no_events=True)) as tool:
+        assert tool.strategy is chosen
+        assert set(chosen.programs) & set(tool.selected)
+    r = _cli("-v", "--no-events", "--duration", "0.2")
+    assert r.returncode == 0
+    assert f"strategy: {chosen.name} (" in r.stderr
+    doctor = subprocess.run(
+        [sys.executable, "-m", "meridian", "doctor"], capture_output=True, text=True, timeout=60
+    )
+    assert any(line.split()[:2] == ["io", chosen.name] for line in doctor.stdout.splitlines())
+    for s in before:  # forcing a refused strategy: one line, exit 2
+        r = _cli("--strategy", s.name, "--duration", "0.2")
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
