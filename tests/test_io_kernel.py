@@ -128,6 +128,8 @@ def test_direct_writes_are_disk_buffered_writes_cached(ext4: Path) -> None:
 
 CHILD = r"""
 import os, socket, sys
+if len(sys.argv) > 2:
+    open("/proc/self/comm", "w").write(sys.argv[2])
 sys.stdout.write("ready\n"); sys.stdout.flush()
 sys.stdin.readline()
 path = sys.argv[1]
@@ -142,9 +144,11 @@ sys.stdin.readline()  # exits when the test closes stdin
 """
 
 
-def _child(path: Path) -> subprocess.Popen[bytes]:
+def _child(path: Path, comm: str | None = None) -> subprocess.Popen[bytes]:
     p = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        [sys.executable, "-c", CHILD, str(path), *([comm] if comm else [])],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
     assert p.stdout is not None and p.stdout.readline() == b"ready\n"
     return p
@@ -499,3 +503,24 @@ def test_strategy_falls_through_and_is_named() -> None:
     for s in before:  # forcing a refused strategy: one line, exit 2
         r = _cli("--strategy", s.name, "--duration", "0.2")
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_comm_filter_in_the_kernel(tmp_path: Path) -> None:
+    """--comm: of two identical processes only the one with that name is traced."""
+    path = tmp_path / "comm.bin"
+    path.write_bytes(os.urandom(4096))
+    ours, other = _child(path, "meridian-comm"), _child(path)
+    try:
+        with FileIO(Options(comms=["meridian-comm"])) as tool:
+            _go(ours)
+            _go(other)
+            events = drain(tool, ours.pid, 3, timeout=2.0)
+            stats = summarize(*tool.stats())
+        _end(ours)
+        _end(other)
+    finally:
+        for p in (ours, other):
+            _kill(p)
+    assert set(stats) == {ours.pid}
+    assert stats[ours.pid].comm == "meridian-comm"
+    assert stats[ours.pid].total("read").ops == 3 and len(events) == 3
