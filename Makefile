@@ -21,7 +21,7 @@ help:
 	@echo "make run    set up (Debian packages, venv, BPF objects) and run meridian io for 10 s"
 	@echo "make test   the same set-up, then the whole test suite"
 	@echo "make lint   ruff and mypy"
-	@echo "make bench  the benchmarks in benchmarks/ (writes benchmarks/RESULTS.md)"
+	@echo "make bench  every benchmark in benchmarks/ (tables to copy into benchmarks/RESULTS.md)"
 
 # Debian packages: install only what is missing (apt-get update once, first).
 deps: $(BUILD)/.deps
