@@ -87,10 +87,14 @@ class RingBuffer:
 
     # ---- reading ------------------------------------------------------------------
 
-    def poll(self, timeout: float) -> np.ndarray[Any, Any]:
-        """Wait up to `timeout` seconds for a wake-up (or close), then drain."""
+    def wait(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for a wake-up (or close)."""
         if not self.closed:
             self._epoll.poll(timeout)
+
+    def poll(self, timeout: float) -> np.ndarray[Any, Any]:
+        """Wait up to `timeout` seconds for a wake-up (or close), then drain."""
+        self.wait(timeout)
         return self.drain()
 
     def drain(self) -> np.ndarray[Any, Any]:
@@ -138,6 +142,34 @@ class RingBuffer:
         self._advance(cons)
         out: np.ndarray[Any, Any] = np.frombuffer(b"".join(recs), dtype=self.dtype).copy()
         return out
+
+    def drain_bytes(self) -> tuple[bytes, int]:
+        """For variable-size records: every committed record as the ring holds them
+        (each an 8-byte header `len`, `pg_off`, then the data padded to 8 bytes;
+        discarded ones included, flagged in `len`), copied out in one piece, and the
+        number of records. Stops at the first busy record. Only the headers are read
+        one by one; the data is copied once (the data area is mapped twice in a row,
+        so the run is contiguous even where it wraps)."""
+        if self.closed:
+            return b"", 0
+        cons = self._consumer()
+        prod = self._producer()
+        if prod - cons > self.size:  # cannot happen: the kernel never overruns us
+            prod = cons + self.size
+        data, unpack, page, mask = self._data, struct.unpack_from, self.page, self.mask
+        pos, n = cons, 0
+        while pos < prod:
+            (hdr,) = unpack("<I", data, page + (pos & mask))
+            if hdr & BUSY:
+                break
+            pos += (HDR_SIZE + (hdr & ~DISCARD) + 7) & ~7
+            n += 1
+        if pos == cons:
+            return b"", 0
+        start = page + (cons & mask)
+        out = data[start : start + pos - cons]
+        self._advance(pos)
+        return out, n
 
     def _advance(self, pos: int) -> None:
         struct.pack_into("<Q", self._cons, 0, pos)
