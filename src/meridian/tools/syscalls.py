@@ -63,6 +63,7 @@ class Options:
     json: bool = False
     write: str | None = None
     record_format: str | None = None  # "raw" | "jsonl"; None: by the file name
+    quiet: bool = False  # -q with -w: record only, no view (as perf record)
     read: str | None = None
     text: str | None = None
     regex: bool = False
@@ -402,9 +403,17 @@ class Backlog:
 
 
 def _summary(
-    p: Pipeline, counters: dict[str, int] | None, err: TextIO, backlog: Backlog | None = None
+    p: Pipeline,
+    counters: dict[str, int] | None,
+    err: TextIO,
+    backlog: Backlog | None = None,
+    recorder: Recorder | None = None,
 ) -> None:
     parts = [f"{p.events} events", f"{p.unmatched_ends} ends without start"]
+    if recorder is not None and recorder.raw:
+        parts.insert(0, f"{recorder.count} events recorded ({recorder.bytes} bytes)")
+        if p.opts.quiet:
+            parts[1:3] = []  # nothing went through the view
     if counters is not None:
         parts.append(f"{counters.get('lost', 0)} lost (ring buffer full)")
         if counters.get("str_failed"):
@@ -416,6 +425,8 @@ def _summary(
             parts.append(f"{counters['retry_full']} path retries not tracked (map full)")
         if counters.get("pids_full"):
             parts.append(f"{counters['pids_full']} child processes not followed (PID set full)")
+        if counters.get("retried"):
+            parts.append(f"{counters['retried']} ring buffer outputs retried")
         if counters.get("bad_records"):
             parts.append(f"{counters['bad_records']} bad records")
     if backlog is not None and backlog.skipped:
@@ -455,10 +466,10 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
             """Drain the ring: to the recording and the view's backlog (raw), or
             decoded, recorded and shown at once (JSON lines or no recording)."""
             chunk, n = cap.poll_raw(timeout)
-            if backlog is not None:
-                assert recorder is not None
+            if recorder is not None and recorder.raw:
                 recorder.write_raw(chunk, n)
-                backlog.push(chunk)
+                if backlog is not None:
+                    backlog.push(chunk)
                 return
             for sc in cap.decode(chunk):
                 if recorder is not None:
@@ -480,13 +491,13 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
             if opts.write:
                 raw = opts.raw_recording()
                 recorder = cap.recorder(opts.write, sys.argv[1:], raw)
-                if raw:
+                if raw and not opts.quiet:
                     backlog = Backlog(BACKLOG_BYTES)
             if opts.command:
                 launcher = Launcher(opts.command)
                 cap.add_pid(launcher.pid)
                 launcher.go()
-            elif not opts.json:
+            elif not opts.json and not opts.quiet:
                 print("Tracing file-system syscalls... Hit Ctrl-C to end.", file=err)
             end = time.monotonic() + opts.duration if opts.duration else None
             try:
@@ -504,7 +515,7 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
                 take(0)
             show(None)
             p.finish()
-            _summary(p, cap.counters(), err, backlog)
+            _summary(p, cap.counters(), err, backlog, recorder)
             if launcher is not None:
                 code = launcher.poll() or 0
                 status = 128 - code if code < 0 else code  # killed by a signal: 128 + signo
@@ -533,7 +544,7 @@ EXAMPLES = """examples:
   meridian syscalls --full               # the full log: starts and ends with indices
   meridian syscalls --json -- make       # one JSON object per call, pairing indices
   meridian syscalls -w trace.jsonl.zst -- make   # record JSON lines (zstd) while printing
-  meridian syscalls -w trace.rec.zst > /dev/null  # raw records: lossless at high rates
+  meridian syscalls -w trace.rec.zst -q  # record raw kernel records only (lossless, fast)
   meridian syscalls -r trace.jsonl.zst --failed  # replay a recording, filtered
 """
 
@@ -563,6 +574,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="FILE",
         help="record every event: raw kernel records, or JSON lines when FILE ends in "
         ".jsonl/.json (.zst: zstd-compressed)",
+    )
+    p.add_argument(
+        "-q", "--quiet", action="store_true", help="with -w: record only, show nothing"
     )
     p.add_argument(
         "--record-format",
@@ -637,6 +651,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         raise UsageError("give either -p PID or -- COMMAND, not both")
     if args.max_rows < 0:
         raise UsageError(f"--max-rows must be 0 or more, got {args.max_rows}")
+    if args.quiet and not args.write:
+        raise UsageError("-q records only: it needs -w FILE")
     if args.ring_mb <= 0:
         raise UsageError(f"--ring-mb must be greater than 0, got {args.ring_mb}")
     if names and args.all:
@@ -652,6 +668,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         json=args.json,
         write=args.write,
         record_format=args.record_format,
+        quiet=args.quiet,
         read=args.read,
         text=args.text,
         regex=args.regex,
@@ -665,7 +682,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         max_rows=args.max_rows,
         cgroup_id=cgroup_id(args.cgroup) if args.cgroup else None,
         tui=args.tui
-        or (not args.no_tui and not args.json and not args.full and sys.stdout.isatty()),
+        or (not args.no_tui and not args.quiet and not args.json and not args.full and sys.stdout.isatty()),
         verbose=args.verbose,
     )
 
