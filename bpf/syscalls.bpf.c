@@ -297,13 +297,8 @@ static __always_inline void send(struct syscalls_buf *b, __u32 off)
 	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
 		flags = BPF_RB_FORCE_WAKEUP;
 	if (bpf_ringbuf_output(&events, b, sizeof(b->ev) + len, flags)) {
-		/* Not only a full ring: since the ring's lock became a resilient spinlock
-		 * (6.15), a reservation can also fail on a contended lock. Once more. */
-		COUNT(retried);
-		if (bpf_ringbuf_output(&events, b, sizeof(b->ev) + len, flags)) {
-			COUNT(lost);
-			return;
-		}
+		COUNT(lost);
+		return;
 	}
 	COUNT(events);
 }

@@ -15,11 +15,11 @@ pytest.importorskip("textual")
 
 from rich.text import Text
 from textual.coordinate import Coordinate
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from meridian.syscalls import Syscall
 from meridian.syscalls.recording import Recorder, read_events
-from meridian.tools.syscalls_tui import COLUMNS, HIGHLIGHT, ListFeed, SyscallsApp
+from meridian.tools.syscalls_tui import COLUMNS, HIGHLIGHT, CallTable, ListFeed, SyscallsApp
 
 T0 = 1_700_000_000_000_000_000
 
@@ -57,8 +57,8 @@ def run_app(app: SyscallsApp, body: Callable[[Any, SyscallsApp], Awaitable[None]
     asyncio.run(main())
 
 
-def table(app: SyscallsApp) -> DataTable[Any]:
-    return app.query_one(DataTable)
+def table(app: SyscallsApp) -> CallTable:
+    return app.query_one(CallTable)
 
 
 def cell(app: SyscallsApp, row: int, col: str) -> Any:

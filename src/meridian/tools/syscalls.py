@@ -75,7 +75,7 @@ class Options:
     strategy: str | None = None
     ring_mb: int = 16
     cgroup_id: int | None = None  # --cgroup: the cgroup v2 directory's inode number
-    max_rows: int = 200_000  # plain views: rows kept in memory (open calls always are)
+    max_rows: int = 200_000  # live views: events kept in memory (open calls always are)
     tui: bool = False
     verbose: bool = False
 
@@ -425,8 +425,6 @@ def _summary(
             parts.append(f"{counters['retry_full']} path retries not tracked (map full)")
         if counters.get("pids_full"):
             parts.append(f"{counters['pids_full']} child processes not followed (PID set full)")
-        if counters.get("retried"):
-            parts.append(f"{counters['retried']} ring buffer outputs retried")
         if counters.get("bad_records"):
             parts.append(f"{counters['bad_records']} bad records")
     if backlog is not None and backlog.skipped:
@@ -599,7 +597,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         type=int,
         default=200_000,
         metavar="N",
-        help="plain views: rows kept in memory (default 200000; 0: no limit)",
+        help="events kept in memory, live (default 200000; 0: no limit): past it the "
+        "oldest leave memory (they are in the -w recording); the TUI says how many",
     )
     p.add_argument(
         "--strategy", choices=[s.name for s in STRATEGIES], help="force a probe strategy"
@@ -732,7 +731,13 @@ def run_tui(opts: Options) -> int:
                 launcher = Launcher(opts.command)
                 cap.add_pid(launcher.pid)
                 launcher.go()
-            tui.SyscallsApp(_CaptureFeed(cap, recorder), live=True, flt=flt).run()
+            tui.SyscallsApp(
+                _CaptureFeed(cap, recorder),
+                live=True,
+                flt=flt,
+                max_rows=opts.max_rows,
+                spill=opts.write,
+            ).run()
         finally:
             if launcher is not None:
                 launcher.kill()
