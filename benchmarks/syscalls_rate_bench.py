@@ -87,7 +87,7 @@ def check_recording(path: Path) -> tuple[int, int, int]:
     proc = subprocess.Popen(["zstd", "-q", "-d", "-c", str(path)], stdout=subprocess.PIPE)
     assert proc.stdout is not None
     header = json.loads(proc.stdout.readline())
-    dtype = dtype_from_json(header["record"])
+    dtype_from_json(header["record"])  # a raw recording (the layout is checked)
     size = 0
     pending = b""
     indices = []

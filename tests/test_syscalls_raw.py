@@ -49,7 +49,14 @@ def record(
 ) -> bytes:
     """One record as the kernel sends it: header, then the strings (NUL included)."""
     h = np.zeros(1, DTYPE)
-    h["index"], h["ts_ns"], h["pid"], h["tid"], h["nr"], h["kind"] = index, index * 1000, 7, tid, nr, kind
+    h["index"], h["ts_ns"], h["pid"], h["tid"], h["nr"], h["kind"] = (
+        index,
+        index * 1000,
+        7,
+        tid,
+        nr,
+        kind,
+    )
     h["ret"], h["comm"] = ret, comm
     h["args"][0, : len(args)] = args
     h["str_ok"] = (1 << len(strs)) - 1
@@ -166,7 +173,7 @@ def test_damaged_raw_recordings_name_the_record(tmp_path: Path) -> None:
         list(read_events(cut))
     short = tmp_path / "short.rec"
     short.write_bytes(data[:header] + frame(b"y" * 16))
-    with pytest.raises(UsageError, match="record 1 .* shorter than a record header"):
+    with pytest.raises(UsageError, match=r"record 1 .* shorter than a record header"):
         list(read_events(short))
     foreign = tmp_path / "layout.rec"
     foreign.write_bytes(b'{"format":"meridian-syscalls","version":2,"record":[["a","<u8"]]}\n')

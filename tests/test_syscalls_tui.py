@@ -166,3 +166,22 @@ def test_main_screen_snapshot() -> None:
         assert svg == SNAPSHOT.read_text()
 
     run_app(SyscallsApp(ListFeed(events()), live=False), body)
+
+
+def test_memory_cap_drops_the_oldest_and_says_so() -> None:
+    """Past --max-rows the oldest events leave memory; calls still open stay (their
+    end pairs when it comes); the status bar names the recording that has them."""
+    evs = events()
+    feed = ListFeed(evs[:5])  # 0 openat start ... 4 openat start (open)
+
+    async def body(pilot: Any, app: SyscallsApp) -> None:
+        assert app.dropped == 3  # kept: the newest 2 (3, 4), and nothing older is open
+        assert [sc.index for sc in app.agg.log] == [3, 4]
+        status = str(app.query_one("#status", Static).render())
+        assert "3 older events dropped from memory (in rec.raw)" in status
+        feed._events = evs[5:]
+        await pilot.pause(0.2)
+        assert column(app, "#")[-2:] == ["4", "6"]
+        assert column(app, "result")[-2:] == ["-2 ENOENT", "?"]  # 4 paired with its end 5
+
+    run_app(SyscallsApp(feed, live=True, max_rows=4, spill="rec.raw"), body)

@@ -36,6 +36,12 @@ class FilteredLog:
         self.filter = flt
         self.visible = [p for p in range(len(self.source)) if self._accepts(p)]
 
+    def narrow(self, flt: Filter | None) -> None:
+        """`set_filter` for a filter that accepts a subset of what the current one
+        accepts: only the visible rows are checked again."""
+        self.filter = flt
+        self.visible = [p for p in self.visible if self._accepts(p)]
+
     def _accepts(self, pos: int) -> bool:
         return self.filter is None or self.filter.matches(self.source[pos], self.source)
 

@@ -131,7 +131,7 @@ def dtype_from_json(descr: Any) -> np.dtype[Any]:
     lacks a field the decoder needs."""
     if not isinstance(descr, list):
         raise ValueError("record layout is not a list")
-    fields = []
+    fields: list[Any] = []
     for f in descr:
         if not isinstance(f, list) or len(f) not in (2, 3):
             raise ValueError(f"bad field {f!r}")

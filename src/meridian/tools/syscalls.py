@@ -573,9 +573,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="record every event: raw kernel records, or JSON lines when FILE ends in "
         ".jsonl/.json (.zst: zstd-compressed)",
     )
-    p.add_argument(
-        "-q", "--quiet", action="store_true", help="with -w: record only, show nothing"
-    )
+    p.add_argument("-q", "--quiet", action="store_true", help="with -w: record only, show nothing")
     p.add_argument(
         "--record-format",
         choices=("raw", "jsonl"),
@@ -681,7 +679,13 @@ def options_from_args(args: argparse.Namespace) -> Options:
         max_rows=args.max_rows,
         cgroup_id=cgroup_id(args.cgroup) if args.cgroup else None,
         tui=args.tui
-        or (not args.no_tui and not args.quiet and not args.json and not args.full and sys.stdout.isatty()),
+        or (
+            not args.no_tui
+            and not args.quiet
+            and not args.json
+            and not args.full
+            and sys.stdout.isatty()
+        ),
         verbose=args.verbose,
     )
 

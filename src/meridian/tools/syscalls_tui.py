@@ -32,6 +32,7 @@ from textual.geometry import Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+from textual.timer import Timer
 from textual.widgets import Footer, Input, Static
 
 from ..syscalls import Aggregator, CompactLog, FilteredLog, Syscall
@@ -51,6 +52,8 @@ _FIELD = {
     "result": "result",
 }
 HIGHLIGHT = "bold black on yellow"
+FILTER_AT_ONCE = 20_000  # rows: filter at each key up to this, past it once typing pauses
+FILTER_DELAY = 0.25  # seconds without a key before a large log is filtered
 # Column widths; "arguments" takes what the others leave (at least its minimum).
 WIDTHS = {
     "#": 7,
@@ -86,7 +89,7 @@ class CallTable(ScrollView, can_focus=True):
             super().__init__()
             self.cursor_row = row
 
-    def __init__(self, cells: Any, id: str | None = None) -> None:  # noqa: A002
+    def __init__(self, cells: Any, id: str | None = None) -> None:
         super().__init__(id=id)
         self._cells = cells  # row -> list[Text], one per column
         self.row_count = 0
@@ -165,10 +168,7 @@ class CallTable(ScrollView, can_focus=True):
             row = round(self.scroll_y) + y - 1
             if row >= self.row_count:
                 return Strip([Segment(" " * width)])
-            if row == self.cursor_row:
-                style = CURSOR_STYLE
-            else:
-                style = ZEBRA_STYLE if row % 2 else Style()
+            style = CURSOR_STYLE if row == self.cursor_row else ZEBRA_STYLE if row % 2 else Style()
             strip = self._line(self._cells(row), style)
         return strip.crop_extend(scroll_x, scroll_x + width, None)
 
@@ -256,6 +256,8 @@ class SyscallsApp(App[None]):
         self.paused = False
         self.base_filter = flt
         self.text_filter: TextFilter | None = None
+        self._applied: TextFilter | None = None  # the text filter the view has
+        self._filter_timer: Timer | None = None
         self.view = self._new_view()
         self._dirty = True
         self.events = 0
@@ -463,10 +465,7 @@ class SyscallsApp(App[None]):
     def _row_of_index(self, index: int) -> int:
         """Row of event `index` in the view (in the compact log, the call holding it);
         a bisection over the source positions, not a scan of the rows."""
-        if self.compact:
-            pos = self.compact_log.row_of_index(index)
-        else:
-            pos = self.agg.log.position(index)
+        pos = self.compact_log.row_of_index(index) if self.compact else self.agg.log.position(index)
         return self.view.row_of(pos) if pos >= 0 else -1
 
     def action_toggle_compact(self) -> None:
@@ -486,6 +485,7 @@ class SyscallsApp(App[None]):
 
     def on_input_changed(self, event: Input.Changed) -> None:
         value = event.value
+        old = self.text_filter
         if not value:
             self.text_filter = None
         else:
@@ -494,6 +494,26 @@ class SyscallsApp(App[None]):
                 self.text_filter = TextFilter(value[1:-1] if regex else value, regex)
             except Exception:  # an incomplete regex while typing: keep the last one
                 return
+        if self._filter_timer is not None:
+            self._filter_timer.stop()
+            self._filter_timer = None
+        else:
+            self._applied = old
+        if len(self.source) <= FILTER_AT_ONCE:
+            self._apply_filter()
+        else:  # a large log: filter once typing pauses, not at every key
+            self._filter_timer = self.set_timer(FILTER_DELAY, self._apply_filter)
+
+    def _apply_filter(self) -> None:
+        self._filter_timer = None
+        new, old = self.text_filter, self._applied
+        self._applied = new
+        if new is not None and new.narrows(old):
+            # typing on: only the rows shown can still match
+            self.view.narrow(self._filter())
+            self.refresh_table()
+            self.refresh_side()
+            return
         self._rebuild()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
