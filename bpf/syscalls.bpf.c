@@ -285,6 +285,20 @@ static __always_inline __u8 read_strings(struct syscalls_buf *b,
 	return ok;
 }
 
+/* No room for a record of any size: the event is dropped (and counted) before any
+ * work is spent on its strings and fd path, so an overloaded ring stays cheap. */
+static __always_inline bool ring_full(void)
+{
+	__u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	__u64 size = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
+
+	if (avail + sizeof(struct syscalls_buf) + 8 <= size)
+		return false;
+	__sync_fetch_and_add(&next_index, 1);
+	COUNT(lost);
+	return true;
+}
+
 /* Copy the record to the ring at its length (header + `off` bytes of strings). */
 static __always_inline void send(struct syscalls_buf *b, __u32 off)
 {
@@ -315,7 +329,7 @@ static __always_inline void on_enter(long id, const __u64 *args)
 	long n;
 	int pos;
 
-	if (!meta || skip_for_fd(meta, args))
+	if (!meta || skip_for_fd(meta, args) || ring_full())
 		return;
 	b = bpf_map_lookup_elem(&bufs, &key);
 	if (!b)
@@ -387,6 +401,11 @@ static __always_inline void on_exit(long id, long ret, struct pt_regs *regs)
 		return;
 	if (meta->str_pos[0] >= 0)
 		again = bpf_map_lookup_elem(&retry, &tid);
+	if (ring_full()) {
+		if (again)
+			bpf_map_delete_elem(&retry, &tid);
+		return;
+	}
 	b = bpf_map_lookup_elem(&bufs, &key);
 	if (!b)
 		return;

@@ -52,7 +52,7 @@ _FIELD = {
     "result": "result",
 }
 HIGHLIGHT = "bold black on yellow"
-FILTER_AT_ONCE = 20_000  # rows: filter at each key up to this, past it once typing pauses
+FILTER_AT_ONCE = 5_000  # rows: filter at each key up to this, past it once typing pauses
 FILTER_DELAY = 0.25  # seconds without a key before a large log is filtered
 # Column widths; "arguments" takes what the others leave (at least its minimum).
 WIDTHS = {
