@@ -169,19 +169,22 @@ def test_main_screen_snapshot() -> None:
 
 
 def test_memory_cap_drops_the_oldest_and_says_so() -> None:
-    """Past --max-rows the oldest events leave memory; calls still open stay (their
-    end pairs when it comes); the status bar names the recording that has them."""
+    """Past --max-rows the oldest tenth of the events leaves memory (with the rows made
+    from them); a call open after the cut still pairs; the status bar says how many
+    left and names the recording that has them."""
     evs = events()
-    feed = ListFeed(evs[:5])  # 0 openat start ... 4 openat start (open)
+    feed = ListFeed(evs[:5])  # 0 openat, 1 stat, 2 stat end, 3 openat end, 4 openat
 
     async def body(pilot: Any, app: SyscallsApp) -> None:
-        assert app.dropped == 3  # kept: the newest 2 (3, 4), and nothing older is open
-        assert [sc.index for sc in app.agg.log] == [3, 4]
+        assert app.dropped == 2  # 5 > 4: down to 3 (4 * 9 // 10)
+        assert [sc.index for sc in app.agg.log] == [2, 3, 4]
+        assert column(app, "#") == ["4"]  # the calls of 0 and 1 went with their starts
         status = str(app.query_one("#status", Static).render())
-        assert "3 older events dropped from memory (in rec.raw)" in status
+        assert "2 older events dropped from memory (in rec.raw)" in status
         feed._events = evs[5:]
         await pilot.pause(0.2)
-        assert column(app, "#")[-2:] == ["4", "6"]
-        assert column(app, "result")[-2:] == ["-2 ENOENT", "?"]  # 4 paired with its end 5
+        assert app.dropped == 4 and [sc.index for sc in app.agg.log] == [4, 5, 6]
+        assert column(app, "#") == ["4", "6"]
+        assert column(app, "result") == ["-2 ENOENT", "?"]  # 4 paired with its end 5
 
     run_app(SyscallsApp(feed, live=True, max_rows=4, spill="rec.raw"), body)

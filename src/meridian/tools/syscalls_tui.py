@@ -309,6 +309,11 @@ class SyscallsApp(App[None]):
 
     def _changed(self, what: str, row: int) -> None:
         self._dirty = True
+        if what == "dropped":  # `row` rows left the front: keep the cursor on its call
+            with contextlib.suppress(NoMatches):
+                table = self.table
+                table.cursor_row = max(table.cursor_row - row, 0)
+                table.scroll_to(y=max(table.scroll_y - row, 0), animate=False, immediate=True)
 
     def tick(self) -> None:
         with contextlib.suppress(NoMatches):  # a timer firing while the screen is torn down
@@ -324,7 +329,7 @@ class SyscallsApp(App[None]):
             new, self._held = self._held + new, []
         for sc in new:
             self.agg.add(sc)
-        if self.max_rows and len(self.agg.log) > self.max_rows:
+        if self.max_rows and len(self.agg.log) - self.agg.log.first > self.max_rows:
             self.trim()
         self._rate_events += len(new)
         now = time.monotonic()
@@ -379,23 +384,15 @@ class SyscallsApp(App[None]):
         self._dirty = False
 
     def trim(self) -> None:
-        """Bound memory: keep the newest half of `max_rows` events and every call
-        still open (so its end pairs), drop the rest from memory. They are in the
+        """Bound memory: past `max_rows` events, the oldest tenth leaves memory (the
+        log, the compact log and the view drop their front: the cost is what is
+        dropped). A call open across the cut loses its start. They are in the
         recording (`spill`) when recording."""
         log = self.agg.log
-        sel = self.selected()
-        cut = len(log) - self.max_rows // 2
-        keep = sorted({p for p in self.agg.pending.values() if p < cut} | set(range(cut, len(log))))
-        kept = [log[p] for p in keep]
-        self.dropped += len(log) - len(kept)
-        self.agg = Aggregator()
-        for sc in kept:
-            self.agg.add(sc)
-        self.compact_log = CompactLog(self.agg.log)
-        self.view = self._new_view()
-        self.table.set_row_count(len(self.view))
-        if sel is not None:
-            self.goto_index(sel.index)
+        held = len(log) - log.first
+        cut = len(log) - self.max_rows * 9 // 10
+        self.agg.drop_before(cut)
+        self.dropped += held - (len(log) - log.first)
         self._dirty = True
 
     def refresh_side(self) -> None:
@@ -426,7 +423,8 @@ class SyscallsApp(App[None]):
         self.query_one("#progress", Static).update("\n".join(progress))
         c = self.feed.counters()
         status = (
-            f" {'compact' if self.compact else 'full'} | {len(self.view)}/{len(self.source)} rows"
+            f" {'compact' if self.compact else 'full'} | {len(self.view)}/"
+            f"{len(self.source) - self.source.first} rows"
             f" | {self.events} events | {self.rate:.0f}/s | lost {c.get('lost', 0)}"
         )
         if self.dropped:
@@ -439,11 +437,13 @@ class SyscallsApp(App[None]):
         self.query_one("#status", Static).update(status)
 
     def _last_ts(self) -> int:
-        return self.agg.log[len(self.agg.log) - 1].timestamp_ns if len(self.agg.log) else 0
+        rows = self.agg.log.rows
+        return rows[-1].timestamp_ns if rows else 0
 
     # ---- actions -------------------------------------------------------------------
 
     def _rebuild(self, keep_index: int | None = None) -> None:
+        self.view.close()
         self.view = self._new_view()
         self.refresh_table()
         if keep_index is not None:
