@@ -123,7 +123,7 @@ async def live(rate: float, seconds: float, max_rows: int) -> dict[str, Any]:
             i += 1
         events = app.events
         dropped = app.dropped
-        rows = len(app.agg.log)
+        rows = len(app.agg.log) - app.agg.log.first
     times.sort()
     return {
         "rate": events / seconds,
