@@ -583,7 +583,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--filter", dest="text", metavar="TEXT", help="text in any field")
     p.add_argument("--regex", action="store_true", help="--filter/--comm/--path are regexes")
     p.add_argument(
-        "--comm", metavar="NAME", help="process name contains NAME (filtered in the kernel)"
+        "--comm", metavar="NAME", help="process name contains NAME (in the kernel unless --regex)"
     )
     p.add_argument("--path", metavar="TEXT", help="a path argument contains TEXT")
     p.add_argument("--failed", action="store_true", help="only calls that failed")
