@@ -188,11 +188,13 @@ def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:
     src.write_bytes(CONTENT)
     a.write_text("x")
     command = [str(prog), str(src), str(missing), str(a), str(tmp / "b")]
+    rec = tmp / "tui.raw"
     with Capture(Options(command=command)) as cap:
         launcher = Launcher(command)
+        recorder = cap.recorder(str(rec), [], raw=True)
         try:
             cap.add_pid(launcher.pid)
-            app = SyscallsApp(_CaptureFeed(cap, None), live=True)
+            app = SyscallsApp(_CaptureFeed(cap, recorder), live=True, spill=str(rec))
 
             async def main() -> None:
                 async with app.run_test(size=(160, 30)) as pilot:
@@ -213,6 +215,11 @@ def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:
             assert launcher.poll() == 0
         finally:
             launcher.kill()
+            recorder.close()
+    # the raw recording the TUI made holds every event it showed
+    from meridian.syscalls.recording import read_events
+
+    assert [sc.index for sc in read_events(rec)] == [sc.index for sc in app.agg.log]
 
 
 def test_cgroup_filter(tmp_path: Path) -> None:
