@@ -246,6 +246,17 @@ def test_dropping_the_front_keeps_positions_and_views_in_step() -> None:
     assert log[5].start_index == -1 and [r.index for r in compact] == [3, 5]
 
 
+def test_text_filter_sees_a_row_change_after_it_was_matched() -> None:
+    """Rows keep their joined text for the next filter; a start that gets its end
+    (its result "?" becomes "") is matched on its new text."""
+    agg = Aggregator()
+    still_open = FilteredLog(agg.log, TextFilter("?"))
+    agg.add(start(0, "cat", 7, "openat", ('"/a"',)))
+    assert still_open.visible == [0] and agg.log[0].hay is not None
+    agg.add(end(1, "cat", 7, "openat", 3, "3"))
+    assert still_open.visible == []
+
+
 def test_compact_of_a_full_log_built_earlier() -> None:
     agg = Aggregator()
     agg.add(start(0, "a", 1, "close", ("3",)))

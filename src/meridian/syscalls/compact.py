@@ -16,6 +16,7 @@ __all__ = ["CompactLog", "merge"]
 def merge(start: Syscall, end: Syscall | None) -> Syscall:
     """The compact row of a start and (if seen) its end."""
     row = start.copy()
+    row.hay = None
     row.is_start, row.is_end, row.start_index = True, False, start.index
     if end is not None:
         row.is_end = True

@@ -84,7 +84,14 @@ class TextFilter:
 
     def matches(self, sc: Syscall, source: Source) -> bool:
         if not self.regex:  # one search over the fields joined: a literal has no newline
-            return self.rx.search("\n".join([field_text(sc, f) for f in self.fields])) is not None
+            if self.fields != TEXT_FIELDS:
+                return (
+                    self.rx.search("\n".join([field_text(sc, f) for f in self.fields])) is not None
+                )
+            hay = sc.hay
+            if hay is None:  # built once per row, kept for the next filter
+                hay = sc.hay = "\n".join([field_text(sc, f) for f in TEXT_FIELDS])
+            return self.rx.search(hay) is not None
         return any(self.rx.search(field_text(sc, f)) for f in self.fields)
 
     def narrows(self, other: TextFilter | None) -> bool:

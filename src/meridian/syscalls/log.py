@@ -169,6 +169,7 @@ class Aggregator:
             start.args, start.paths = sc.args, sc.paths
         if sc.fd_path and not start.fd_path:
             start.fd_path = sc.fd_path
+        start.hay = None
         log.modified(start_pos)
 
     def _take_start(self, end: Syscall) -> int:
