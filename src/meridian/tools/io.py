@@ -10,22 +10,21 @@ as numpy columns and leave as JSON lines (or aligned text) without a dict per ev
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import numpy as np
 
-from .. import proc
 from ..bpf import BpfObject, RingBuffer, Strategy, choose, hook_exists, object_path
 from ..errors import UsageError
 from ..hist import Log2Hist
 from ..output import JsonWriter, fmt_bytes, print_table
 from ..system import ensure_ready
+from .io_format import TEXT_HEADER, EventFormatter
 
 __all__ = [
     "STRATEGIES",
@@ -52,17 +51,6 @@ STRATEGIES = (
 )
 # Disk signals, shared by every strategy.
 SIGNALS = ("tp_page_added", "tp_bio_queue", "tp_sched_switch")
-
-try:
-    import orjson
-
-    def _json_str(s: str) -> str:
-        return orjson.dumps(s).decode()
-
-except ImportError:  # the json extra is optional
-
-    def _json_str(s: str) -> str:
-        return json.dumps(s)
 
 
 @dataclass
@@ -267,132 +255,6 @@ def summarize(keys: np.ndarray[Any, Any], vals: np.ndarray[Any, Any]) -> dict[in
     return dict(sorted(out.items()))
 
 
-# ---- events --------------------------------------------------------------------------
-
-TEMPLATE = (
-    '{"pid":%d,"tid":%d,"comm":%s,"op":"%s","fd":%d,"file":%s,"bytes":%d,'
-    '"bytes_requested":%d,"disk_bytes":%d,"latency_ns":%d,"cached":%s,'
-    '"io_wait_ns":%d,"timestamp_ns":%d,"wall_time":"%s.%06dZ"}'
-)
-TEXT_HEADER = (
-    f"{'TIME':<15} {'COMM':<16} {'PID':>7} {'TID':>7} {'OP':<5} {'BYTES':>8} "
-    f"{'LAT(ms)':>9} {'C':<1} {'DISK':>8} {'FILE'}"
-)
-
-
-class EventFormatter:
-    """Numpy columns of `fileio_event` to JSON lines or text, one batch at a time.
-    Strings (comm, file) are JSON-escaped once per distinct value and cached."""
-
-    def __init__(self, proc_root: str = "/proc") -> None:
-        self.proc_root = proc_root
-        self.offset_ns = time.time_ns() - time.monotonic_ns()
-        self._comm: dict[bytes, str] = {}
-        self._path: dict[tuple[int, int, int, int], str] = {}  # pid, fd, dev, ino
-        self._ino: dict[tuple[int, int], str] = {}  # dev, ino (any process)
-
-    def comm(self, raw: bytes) -> str:
-        s = self._comm.get(raw)
-        if s is None:
-            s = self._comm[raw] = _json_str(raw.decode(errors="replace"))
-        return s
-
-    def path(self, pid: int, fd: int, dev: int, ino: int) -> str:
-        """The file's path from /proc/PID/fd/FD when it still names that inode, else a
-        path seen before for the inode, else MAJOR:MINOR:INODE. JSON-escaped."""
-        key = (pid, fd, dev, ino)
-        s = self._path.get(key)
-        if s is not None:
-            return s
-        found = None
-        if fd >= 0:
-            link = f"{self.proc_root}/{pid}/fd/{fd}"
-            try:
-                st = os.stat(link)
-                if st.st_ino == ino:
-                    found = os.readlink(link)
-            except OSError:
-                pass
-        if found is None:
-            cached = self._ino.get((dev, ino))
-            if cached is not None:
-                self._path[key] = cached
-                return cached
-            found = f"{proc.dev_major(dev)}:{proc.dev_minor(dev)}:{ino}"
-            s = _json_str(found)
-        else:
-            s = _json_str(found)
-            self._ino[(dev, ino)] = s
-        self._path[key] = s
-        return s
-
-    def wall_parts(self, ts: np.ndarray[Any, Any]) -> tuple[list[str], list[int]]:
-        """ISO-8601 UTC seconds (strftime once per distinct second) and microseconds."""
-        ns = ts.astype(np.int64) + self.offset_ns
-        secs = ns // 1_000_000_000
-        lo, hi = int(secs.min()), int(secs.max())
-        if hi - lo < 4096:  # a batch spans seconds, not hours: index a small table
-            table = [time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(x)) for x in range(lo, hi + 1)]
-            heads = [table[i] for i in (secs - lo).tolist()]
-        else:
-            heads = [time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(x)) for x in secs.tolist()]
-        return heads, ((ns % 1_000_000_000) // 1000).tolist()
-
-    def wall(self, ts: np.ndarray[Any, Any]) -> list[str]:
-        heads, micros = self.wall_parts(ts)
-        return [f"{h}.{u:06d}Z" for h, u in zip(heads, micros, strict=True)]
-
-    def files(self, ev: np.ndarray[Any, Any]) -> list[str]:
-        path = self.path
-        return [
-            path(p, f, d, i)
-            for p, f, d, i in zip(
-                ev["pid"].tolist(),
-                ev["fd"].tolist(),
-                ev["dev"].tolist(),
-                ev["ino"].tolist(),
-                strict=True,
-            )
-        ]
-
-    def json_lines(self, ev: np.ndarray[Any, Any]) -> str:
-        if not len(ev):
-            return ""
-        comm = self.comm
-        cols = (
-            ev["pid"].tolist(),
-            ev["tid"].tolist(),
-            [comm(c) for c in ev["comm"].tolist()],
-            [OPS[o] for o in np.minimum(ev["op"], 1).tolist()],
-            ev["fd"].tolist(),
-            self.files(ev),
-            ev["bytes"].tolist(),
-            ev["bytes_requested"].tolist(),
-            ev["disk_bytes"].tolist(),
-            ev["latency_ns"].tolist(),
-            ["true" if c else "false" for c in ev["cached"].tolist()],
-            ev["io_wait_ns"].tolist(),
-            ev["ts_ns"].tolist(),
-            *self.wall_parts(ev["ts_ns"]),
-        )
-        return "\n".join(map(TEMPLATE.__mod__, zip(*cols, strict=True))) + "\n"
-
-    def text_lines(self, ev: np.ndarray[Any, Any]) -> str:
-        if not len(ev):
-            return ""
-        lines = []
-        walls = self.wall(ev["ts_ns"])
-        files = self.files(ev)
-        for e, w, f in zip(ev, walls, files, strict=True):
-            lines.append(
-                f"{w[11:26]:<15} {e['comm'].decode(errors='replace'):<16} {int(e['pid']):>7} "
-                f"{int(e['tid']):>7} {OPS[min(int(e['op']), 1)]:<5} {int(e['bytes']):>8} "
-                f"{int(e['latency_ns']) / 1e6:>9.3f} {'C' if e['cached'] else 'D':<1} "
-                f"{int(e['disk_bytes']):>8} {json.loads(f)}"
-            )
-        return "\n".join(lines) + "\n"
-
-
 # ---- command line --------------------------------------------------------------------
 
 EXAMPLES = """examples:
@@ -493,9 +355,15 @@ def run(args: argparse.Namespace) -> int:
 
 def run_options(opts: Options, out: TextIO) -> int:
     fmt = EventFormatter()
-    write: Callable[[np.ndarray[Any, Any]], str] = (
-        fmt.json_lines if opts.format == "json" else fmt.text_lines
+    chunks: Callable[[np.ndarray[Any, Any]], Iterable[str]] = (
+        fmt.json_chunks if opts.format == "json" else lambda ev: (fmt.text_lines(ev),)
     )
+
+    def write(recs: np.ndarray[Any, Any]) -> None:
+        for text in chunks(recs):
+            out.write(text)
+        out.flush()
+
     with FileIO(opts) as tool:
         server = serve_prometheus(tool, opts.prometheus) if opts.prometheus else None
         if opts.verbose:
@@ -513,13 +381,12 @@ def run_options(opts: Options, out: TextIO) -> int:
                 wait = 0.05 if end is None else max(0.0, min(0.05, end - time.monotonic()))
                 recs = tool.events(wait)
                 if len(recs):
-                    out.write(write(recs))
-                    out.flush()
+                    write(recs)
         except KeyboardInterrupt:
             pass
         recs = tool.events(0)
         if len(recs):
-            out.write(write(recs))
+            write(recs)
         keys, vals = tool.stats()
         counters = tool.counters()
         if opts.verbose:
