@@ -130,7 +130,7 @@ def agent_run(producer: Path, data: Path, count: int, rate: float) -> dict[str, 
             p.kill()
             p.wait()
     summary = [json.loads(x) for x in counter.tail.splitlines() if x.startswith(b'{"type"')]
-    lost = next((s for s in summary if s["type"] == "lost"), {})
+    lost: dict[str, Any] = next((s for s in summary if s["type"] == "lost"), {})
     events = counter.lines - len(summary)
     return {
         "rate_asked": rate,
