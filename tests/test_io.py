@@ -202,3 +202,19 @@ def test_string_caches_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         fmt.path(i, 3, 1, i)
         fmt.comm(str(i).encode())
     assert max(fmt.cache_sizes().values()) <= 10
+
+
+def test_text_lines_are_aligned_columns(tmp_path: Path) -> None:
+    ev = random_events(3)
+    fmt = EventFormatter(proc_root=str(tmp_path))
+    lines = fmt.text_lines(ev).splitlines()
+    assert len(lines) == 3
+    for line, e in zip(lines, ev, strict=True):
+        ref = reference(fmt, e)
+        cells = line.split()
+        assert line[:15] == ref["wall_time"][11:26]
+        assert int(cells[-8 if len(cells) == 10 else -7]) in (ref["pid"], ref["tid"])
+        assert cells[-1] == ref["file"]
+        assert line[16:32].rstrip() == ref["comm"]
+        assert f" {ref['latency_ns'] / 1e6:9.3f} " in line
+        assert (" C " if ref["cached"] else " D ") in line

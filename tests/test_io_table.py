@@ -42,7 +42,7 @@ class FakeMap:
             vals[i, 1]["first_ns"], vals[i, 1]["last_ns"] = 1, 2
             for slot, n in c["slots"].items():
                 vals[i, 1]["slots"][slot] = n
-            vals[i, 1]["latency_max_ns"] = 1 << 20
+            vals[i, 1]["latency_max_ns"] = (1 << (max(c["slots"]) + 1)) - 1
         return keys, vals
 
     def delete(self, keys: np.ndarray[Any, Any]) -> None:

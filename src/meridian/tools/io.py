@@ -10,10 +10,12 @@ as numpy columns and leave as JSON lines (or aligned text) without a dict per ev
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -67,6 +69,13 @@ class Options:
     max_threads: int = 16384
     prometheus: tuple[str, int] | None = None
     verbose: bool = False
+    # The agent side: PID table, --top, demo workload (io_table.py, io_top.py).
+    interval: float = 1.0  # seconds between reads of the aggregate map
+    grace: float = 30.0  # seconds an exited process stays before it is retired
+    max_series: int | None = None  # --max-pids: rows of their own, then comm, then other
+    top: bool = False
+    sort: str = "bytes"
+    workload: bool = False
 
 
 # ---- the kernel side -----------------------------------------------------------------
@@ -266,6 +275,9 @@ EXAMPLES = """examples:
   meridian io --min-latency 10      # only operations slower than 10 ms
   meridian io --no-events --duration 10   # metrics only: a per-PID summary after 10 s
   meridian io --no-events --prometheus :9435   # Prometheus metrics read from the maps
+  meridian io --top --sort latency  # live per-process view, slowest first (Ctrl-C ends)
+  meridian io --top --max-pids 20   # 20 busiest processes, the rest per command name
+  meridian io --workload --duration 10 --format text   # demo: a small file workload
 """
 
 
@@ -285,7 +297,21 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--disk-only", action="store_true", help="only events that reached the disk")
     p.add_argument("--no-events", action="store_true", help="metrics only, no event stream")
     p.add_argument("--duration", metavar="SECONDS", help="stop after this long")
-    p.add_argument("--max-pids", metavar="N", default="8192", help="aggregate map size")
+    p.add_argument(
+        "--max-pids",
+        metavar="N",
+        help="at most N processes get rows of their own (--top, exports); the others are "
+        "summed per command name (at most N of those), the rest into one 'other' row",
+    )
+    p.add_argument("--top", action="store_true", help="live per-process view (needs a terminal)")
+    p.add_argument(
+        "--sort", choices=["bytes", "latency", "ops"], default="bytes", help="--top order"
+    )
+    p.add_argument("--interval", metavar="SECONDS", default="1", help="--top refresh (default 1)")
+    p.add_argument(
+        "--grace", metavar="SECONDS", default="30", help="retire exited processes after this"
+    )
+    p.add_argument("--workload", action="store_true", help="run a small built-in file workload")
     p.add_argument("--prometheus", metavar="[HOST]:PORT", help="serve /metrics here (e.g. :9435)")
     p.add_argument(
         "--strategy", choices=[s.name for s in STRATEGIES], help="force a probe strategy"
@@ -327,7 +353,9 @@ def options_from_args(args: argparse.Namespace) -> Options:
         comms.append(c)
     min_lat = _number(args.min_latency, "--min-latency", 0)
     duration = _number(args.duration, "--duration", 0.001)
-    max_pids = _number(args.max_pids, "--max-pids", 1, integer=True)
+    max_series = _number(args.max_pids, "--max-pids", 1, integer=True)
+    interval = _number(args.interval, "--interval", 0.05) or 1.0
+    grace = _number(args.grace, "--grace", 0)
     prom = None
     if args.prometheus is not None:
         host, _, port = args.prometheus.rpartition(":")
@@ -340,12 +368,20 @@ def options_from_args(args: argparse.Namespace) -> Options:
         format=args.format,
         min_latency_ns=int((min_lat or 0) * 1_000_000),
         disk_only=args.disk_only,
-        no_events=args.no_events,
         duration=duration,
         strategy=args.strategy,
-        max_pids=int(max_pids or 8192),
+        # The kernel map holds up to four keys per process (op x cached).
+        max_pids=max(8192, 4 * int(max_series)) if max_series else 8192,
         prometheus=prom,
         verbose=args.verbose,
+        interval=interval,
+        grace=30.0 if grace is None else grace,
+        max_series=int(max_series) if max_series else None,
+        top=args.top,
+        sort=args.sort,
+        # --top draws from the aggregates: no event stream, so nothing to drop.
+        no_events=args.no_events or args.top,
+        workload=args.workload,
     )
 
 
@@ -354,6 +390,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_options(opts: Options, out: TextIO) -> int:
+    from .io_table import PidTable, delete_keys
+    from .io_top import check_terminal, run_top
+
+    if opts.top:
+        check_terminal(out)  # before loading anything
     fmt = EventFormatter()
     chunks: Callable[[np.ndarray[Any, Any]], Iterable[str]] = (
         fmt.json_chunks if opts.format == "json" else lambda ev: (fmt.text_lines(ev),)
@@ -364,39 +405,72 @@ def run_options(opts: Options, out: TextIO) -> int:
             out.write(text)
         out.flush()
 
-    with FileIO(opts) as tool:
+    with FileIO(opts) as tool, _workload(opts.workload, opts.duration):
+        assert tool.obj is not None
+        stats_map = tool.obj.maps["stats"]
+        table = PidTable(time.monotonic_ns(), grace_s=opts.grace)
+
+        def retire(keys: np.ndarray[Any, Any]) -> None:
+            delete_keys(stats_map, keys)
+
         server = serve_prometheus(tool, opts.prometheus) if opts.prometheus else None
         if opts.verbose:
             print(f"strategy: {tool.strategy.name} ({', '.join(tool.selected)})", file=sys.stderr)
             sys.stderr.flush()
-        if opts.format == "text":
+        start = time.monotonic()
+        if opts.top:
+            run_top(tool, table, opts, out, retire)
+        if opts.format == "text" and not opts.top:
             print("Tracing reads and writes on regular files... Hit Ctrl-C to end.", file=out)
             if not opts.no_events:
                 print(TEXT_HEADER, file=out)
             out.flush()
-        start = time.monotonic()
         end = start + opts.duration if opts.duration else None
+        next_table = start + opts.interval
         try:
-            while end is None or time.monotonic() < end:
-                wait = 0.05 if end is None else max(0.0, min(0.05, end - time.monotonic()))
+            while not opts.top and (end is None or time.monotonic() < end):
+                now = time.monotonic()
+                wait = 0.05 if end is None else max(0.0, min(0.05, end - now))
                 recs = tool.events(wait)
                 if len(recs):
                     write(recs)
+                if now >= next_table:  # the PID table: windows, retiring the exited
+                    retire(table.update(*tool.stats(), time.monotonic_ns()))
+                    next_table = now + opts.interval
         except KeyboardInterrupt:
             pass
         recs = tool.events(0)
         if len(recs):
             write(recs)
-        keys, vals = tool.stats()
+        table.update(*tool.stats(), time.monotonic_ns())
         counters = tool.counters()
         if opts.verbose:
             print("lost: " + " ".join(f"{k}={v}" for k, v in counters.items()), file=sys.stderr)
-        report(summarize(keys, vals), counters, time.monotonic() - start, opts, out)
+        report(table.summaries(), counters, time.monotonic() - start, opts, out)
         out.flush()
         if server is not None:
             server.shutdown()
             server.server_close()
     return 0
+
+
+@contextlib.contextmanager
+def _workload(on: bool, seconds: float | None) -> Iterator[None]:
+    """`--workload`: a small file workload in a child process while the tool runs."""
+    if not on:
+        yield
+        return
+    cmd = [sys.executable, "-m", "meridian.workloads", "file-io"]
+    child = subprocess.Popen([*cmd, "--seconds", str(seconds or 3600)])
+    try:
+        yield
+    finally:
+        child.terminate()
+        try:
+            child.wait(5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
 
 
 def report(
