@@ -132,12 +132,22 @@ def agent_run(producer: Path, data: Path, count: int, rate: float) -> dict[str, 
     summary = [json.loads(x) for x in counter.tail.splitlines() if x.startswith(b'{"type"')]
     lost: dict[str, Any] = next((s for s in summary if s["type"] == "lost"), {})
     events = counter.lines - len(summary)
+    # What the kernel aggregated for the producer (its preads and the dynamic loader's
+    # few start-up reads): every one of them should be a line unless it was lost.
+    kernel_ops = sum(
+        s[op]["ops"]
+        for s in summary
+        if s["type"] == "summary"
+        for op in ("read", "write")
+        if op in s
+    )
     return {
         "rate_asked": rate,
         "producer_ops": made["ops"],
         "producer_rate": round(made["ops"] / made["seconds"]),
         "event_lines": events,
-        "missing_lines": made["ops"] - events,
+        "kernel_ops": kernel_ops,
+        "missing_lines": kernel_ops - events,
         "events_lost_in_kernel": lost.get("events_lost"),
         "agent_cpu_s": round(cpu, 2),
         "events_per_agent_cpu_s": round(events / cpu) if cpu else None,
