@@ -68,3 +68,60 @@ def test_a_process_that_exits_is_retired_and_leaves_the_kernel_map(tmp_path: Pat
         for pipe in (child.stdin, child.stdout):
             if pipe is not None:
                 pipe.close()
+
+
+def test_top_draws_a_busy_process_on_a_terminal_and_exits_clean(tmp_path: Path) -> None:
+    """`meridian io --top` on a pseudo-terminal: frames name a process doing preads,
+    the screen is restored, and the summary follows."""
+    import os
+    import pty
+    import re
+
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"z" * 16384)
+    busy = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(data), "100000000"],  # killed at the end
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    master, slave = pty.openpty()
+    try:
+        assert busy.stdout is not None and busy.stdin is not None
+        assert busy.stdout.readline() == "ready\n"
+        busy.stdin.write("go\n")
+        busy.stdin.flush()
+        top = subprocess.run(
+            [sys.executable, "-m", "meridian", "io", "--top", "-p", str(busy.pid),
+             "--duration", "2.5", "--interval", "0.5", "--format", "text"],
+            stdout=slave, stderr=subprocess.PIPE, timeout=60, check=False,
+        )  # fmt: skip
+        os.close(slave)
+        slave = -1
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # EIO: the other side is closed and drained
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        out = b"".join(chunks).decode(errors="replace")
+        assert top.returncode == 0, top.stderr
+        assert out.count("meridian io --top") >= 3
+        assert "\x1b[?1049l" in out and out.rindex("\x1b[?1049l") < out.rindex("HIT")
+        frames = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", f) for f in out.split("\x1b[H")]
+        assert any(re.search(rf"^\s*{busy.pid} python", f, re.M) for f in frames[1:]), frames[-2:]
+        summary = out[out.rindex("\x1b[?1049l") :]
+        assert re.search(rf"python\S*\s+{busy.pid}\s+read", summary)
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
+        if busy.poll() is None:
+            busy.kill()
+        busy.wait()
+        for pipe in (busy.stdin, busy.stdout):
+            if pipe is not None:
+                pipe.close()
