@@ -69,6 +69,9 @@ def test_rolling_windows_are_exact_differences_of_snapshots() -> None:
     assert rd.bytes_per_s[60] == pytest.approx((span - 5) * 1000 / span)
     assert rd.ops == 70 and rd.bytes == 70_000 and rd.interval_ops == 0
     assert max(len(s.history) for s in table.series.values()) <= 20
+    assert table.rolling()[100]["read"]["10s"] == {
+        "bytes_per_s": 500.0, "ops_per_s": 0.5, "span_s": 10.0
+    }  # fmt: skip
 
 
 def test_interval_ops_histogram_and_hit_ratio() -> None:

@@ -446,7 +446,7 @@ def run_options(opts: Options, out: TextIO) -> int:
         counters = tool.counters()
         if opts.verbose:
             print("lost: " + " ".join(f"{k}={v}" for k, v in counters.items()), file=sys.stderr)
-        report(table.summaries(), counters, time.monotonic() - start, opts, out)
+        report(table.summaries(), counters, time.monotonic() - start, opts, out, table.rolling())
         out.flush()
         if server is not None:
             server.shutdown()
@@ -479,11 +479,18 @@ def report(
     seconds: float,
     opts: Options,
     out: TextIO,
+    rolling: dict[int, dict[str, Any]] | None = None,
 ) -> None:
+    """The per-PID summary; `rolling` (PidTable.rolling()) adds each live process's
+    1 s / 10 s / 60 s throughput per op to the JSON objects."""
     if opts.format == "json":
         w = JsonWriter(out)
         for ps in pids.values():
-            w.write(ps.as_dict(seconds))
+            d = ps.as_dict(seconds)
+            for op, windows in (rolling or {}).get(ps.pid, {}).items():
+                if op in d:
+                    d[op]["rolling"] = windows
+            w.write(d)
         w.write({"type": "lost", "seconds": round(seconds, 6), **counters})
         return
     rows = []

@@ -276,6 +276,21 @@ class PidTable:
             out.append(other)
         return out
 
+    def rolling(self) -> dict[int, dict[str, dict[str, dict[str, float]]]]:
+        """pid -> op -> "1s"/"10s"/"60s" -> bytes_per_s, ops_per_s, span_s (JSON-ready)."""
+        out: dict[int, dict[str, dict[str, dict[str, float]]]] = {}
+        for (pid, op), s in self.series.items():
+            v = s.view
+            out.setdefault(pid, {})[op] = {
+                f"{w}s": {
+                    "bytes_per_s": round(v.bytes_per_s[w], 1),
+                    "ops_per_s": round(v.ops_per_s[w], 3),
+                    "span_s": round(v.span_s[w], 3),
+                }
+                for w in WINDOWS
+            }
+        return out
+
     def summaries(self) -> dict[int, PidSummary]:
         """Every process seen: the latest snapshot and the retired."""
         return dict(sorted({**self.retired, **self.latest}.items()))
