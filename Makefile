@@ -58,7 +58,7 @@ $(OBJDIR)/%.bpf.o: bpf/%.bpf.c $(BPF_HDR) $(BUILD)/vmlinux.h
 bpf: $(BPF_OBJ)
 
 run: venv bpf
-	$(VENV)/bin/meridian biolat --workload 10 1
+	$(VENV)/bin/meridian io --workload --duration 10 --format text
 
 test: venv bpf
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -10,22 +10,23 @@ as numpy columns and leave as JSON lines (or aligned text) without a dict per ev
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import os
+import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import numpy as np
 
-from .. import proc
 from ..bpf import BpfObject, RingBuffer, Strategy, choose, hook_exists, object_path
 from ..errors import UsageError
 from ..hist import Log2Hist
 from ..output import JsonWriter, fmt_bytes, print_table
 from ..system import ensure_ready
+from .io_format import TEXT_HEADER, EventFormatter
 
 __all__ = [
     "STRATEGIES",
@@ -53,17 +54,6 @@ STRATEGIES = (
 # Disk signals, shared by every strategy.
 SIGNALS = ("tp_page_added", "tp_bio_queue", "tp_sched_switch")
 
-try:
-    import orjson
-
-    def _json_str(s: str) -> str:
-        return orjson.dumps(s).decode()
-
-except ImportError:  # the json extra is optional
-
-    def _json_str(s: str) -> str:
-        return json.dumps(s)
-
 
 @dataclass
 class Options:
@@ -79,6 +69,13 @@ class Options:
     max_threads: int = 16384
     prometheus: tuple[str, int] | None = None
     verbose: bool = False
+    # The agent side: PID table, --top, demo workload (io_table.py, io_top.py).
+    interval: float = 1.0  # seconds between reads of the aggregate map
+    grace: float = 30.0  # seconds an exited process stays before it is retired
+    max_series: int | None = None  # --max-pids: rows of their own, then comm, then other
+    top: bool = False
+    sort: str = "bytes"
+    workload: bool = False
 
 
 # ---- the kernel side -----------------------------------------------------------------
@@ -267,132 +264,6 @@ def summarize(keys: np.ndarray[Any, Any], vals: np.ndarray[Any, Any]) -> dict[in
     return dict(sorted(out.items()))
 
 
-# ---- events --------------------------------------------------------------------------
-
-TEMPLATE = (
-    '{"pid":%d,"tid":%d,"comm":%s,"op":"%s","fd":%d,"file":%s,"bytes":%d,'
-    '"bytes_requested":%d,"disk_bytes":%d,"latency_ns":%d,"cached":%s,'
-    '"io_wait_ns":%d,"timestamp_ns":%d,"wall_time":"%s.%06dZ"}'
-)
-TEXT_HEADER = (
-    f"{'TIME':<15} {'COMM':<16} {'PID':>7} {'TID':>7} {'OP':<5} {'BYTES':>8} "
-    f"{'LAT(ms)':>9} {'C':<1} {'DISK':>8} {'FILE'}"
-)
-
-
-class EventFormatter:
-    """Numpy columns of `fileio_event` to JSON lines or text, one batch at a time.
-    Strings (comm, file) are JSON-escaped once per distinct value and cached."""
-
-    def __init__(self, proc_root: str = "/proc") -> None:
-        self.proc_root = proc_root
-        self.offset_ns = time.time_ns() - time.monotonic_ns()
-        self._comm: dict[bytes, str] = {}
-        self._path: dict[tuple[int, int, int, int], str] = {}  # pid, fd, dev, ino
-        self._ino: dict[tuple[int, int], str] = {}  # dev, ino (any process)
-
-    def comm(self, raw: bytes) -> str:
-        s = self._comm.get(raw)
-        if s is None:
-            s = self._comm[raw] = _json_str(raw.decode(errors="replace"))
-        return s
-
-    def path(self, pid: int, fd: int, dev: int, ino: int) -> str:
-        """The file's path from /proc/PID/fd/FD when it still names that inode, else a
-        path seen before for the inode, else MAJOR:MINOR:INODE. JSON-escaped."""
-        key = (pid, fd, dev, ino)
-        s = self._path.get(key)
-        if s is not None:
-            return s
-        found = None
-        if fd >= 0:
-            link = f"{self.proc_root}/{pid}/fd/{fd}"
-            try:
-                st = os.stat(link)
-                if st.st_ino == ino:
-                    found = os.readlink(link)
-            except OSError:
-                pass
-        if found is None:
-            cached = self._ino.get((dev, ino))
-            if cached is not None:
-                self._path[key] = cached
-                return cached
-            found = f"{proc.dev_major(dev)}:{proc.dev_minor(dev)}:{ino}"
-            s = _json_str(found)
-        else:
-            s = _json_str(found)
-            self._ino[(dev, ino)] = s
-        self._path[key] = s
-        return s
-
-    def wall_parts(self, ts: np.ndarray[Any, Any]) -> tuple[list[str], list[int]]:
-        """ISO-8601 UTC seconds (strftime once per distinct second) and microseconds."""
-        ns = ts.astype(np.int64) + self.offset_ns
-        secs = ns // 1_000_000_000
-        lo, hi = int(secs.min()), int(secs.max())
-        if hi - lo < 4096:  # a batch spans seconds, not hours: index a small table
-            table = [time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(x)) for x in range(lo, hi + 1)]
-            heads = [table[i] for i in (secs - lo).tolist()]
-        else:
-            heads = [time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(x)) for x in secs.tolist()]
-        return heads, ((ns % 1_000_000_000) // 1000).tolist()
-
-    def wall(self, ts: np.ndarray[Any, Any]) -> list[str]:
-        heads, micros = self.wall_parts(ts)
-        return [f"{h}.{u:06d}Z" for h, u in zip(heads, micros, strict=True)]
-
-    def files(self, ev: np.ndarray[Any, Any]) -> list[str]:
-        path = self.path
-        return [
-            path(p, f, d, i)
-            for p, f, d, i in zip(
-                ev["pid"].tolist(),
-                ev["fd"].tolist(),
-                ev["dev"].tolist(),
-                ev["ino"].tolist(),
-                strict=True,
-            )
-        ]
-
-    def json_lines(self, ev: np.ndarray[Any, Any]) -> str:
-        if not len(ev):
-            return ""
-        comm = self.comm
-        cols = (
-            ev["pid"].tolist(),
-            ev["tid"].tolist(),
-            [comm(c) for c in ev["comm"].tolist()],
-            [OPS[o] for o in np.minimum(ev["op"], 1).tolist()],
-            ev["fd"].tolist(),
-            self.files(ev),
-            ev["bytes"].tolist(),
-            ev["bytes_requested"].tolist(),
-            ev["disk_bytes"].tolist(),
-            ev["latency_ns"].tolist(),
-            ["true" if c else "false" for c in ev["cached"].tolist()],
-            ev["io_wait_ns"].tolist(),
-            ev["ts_ns"].tolist(),
-            *self.wall_parts(ev["ts_ns"]),
-        )
-        return "\n".join(map(TEMPLATE.__mod__, zip(*cols, strict=True))) + "\n"
-
-    def text_lines(self, ev: np.ndarray[Any, Any]) -> str:
-        if not len(ev):
-            return ""
-        lines = []
-        walls = self.wall(ev["ts_ns"])
-        files = self.files(ev)
-        for e, w, f in zip(ev, walls, files, strict=True):
-            lines.append(
-                f"{w[11:26]:<15} {e['comm'].decode(errors='replace'):<16} {int(e['pid']):>7} "
-                f"{int(e['tid']):>7} {OPS[min(int(e['op']), 1)]:<5} {int(e['bytes']):>8} "
-                f"{int(e['latency_ns']) / 1e6:>9.3f} {'C' if e['cached'] else 'D':<1} "
-                f"{int(e['disk_bytes']):>8} {json.loads(f)}"
-            )
-        return "\n".join(lines) + "\n"
-
-
 # ---- command line --------------------------------------------------------------------
 
 EXAMPLES = """examples:
@@ -404,6 +275,9 @@ EXAMPLES = """examples:
   meridian io --min-latency 10      # only operations slower than 10 ms
   meridian io --no-events --duration 10   # metrics only: a per-PID summary after 10 s
   meridian io --no-events --prometheus :9435   # Prometheus metrics read from the maps
+  meridian io --top --sort latency  # live per-process view, slowest first (Ctrl-C ends)
+  meridian io --top --max-pids 20   # 20 busiest processes, the rest per command name
+  meridian io --workload --duration 10 --format text   # demo: a small file workload
 """
 
 
@@ -423,7 +297,21 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--disk-only", action="store_true", help="only events that reached the disk")
     p.add_argument("--no-events", action="store_true", help="metrics only, no event stream")
     p.add_argument("--duration", metavar="SECONDS", help="stop after this long")
-    p.add_argument("--max-pids", metavar="N", default="8192", help="aggregate map size")
+    p.add_argument(
+        "--max-pids",
+        metavar="N",
+        help="at most N processes get rows of their own (--top, exports); the others are "
+        "summed per command name (at most N of those), the rest into one 'other' row",
+    )
+    p.add_argument("--top", action="store_true", help="live per-process view (needs a terminal)")
+    p.add_argument(
+        "--sort", choices=["bytes", "latency", "ops"], default="bytes", help="--top order"
+    )
+    p.add_argument("--interval", metavar="SECONDS", default="1", help="--top refresh (default 1)")
+    p.add_argument(
+        "--grace", metavar="SECONDS", default="30", help="retire exited processes after this"
+    )
+    p.add_argument("--workload", action="store_true", help="run a small built-in file workload")
     p.add_argument("--prometheus", metavar="[HOST]:PORT", help="serve /metrics here (e.g. :9435)")
     p.add_argument(
         "--strategy", choices=[s.name for s in STRATEGIES], help="force a probe strategy"
@@ -465,7 +353,9 @@ def options_from_args(args: argparse.Namespace) -> Options:
         comms.append(c)
     min_lat = _number(args.min_latency, "--min-latency", 0)
     duration = _number(args.duration, "--duration", 0.001)
-    max_pids = _number(args.max_pids, "--max-pids", 1, integer=True)
+    max_series = _number(args.max_pids, "--max-pids", 1, integer=True)
+    interval = _number(args.interval, "--interval", 0.05) or 1.0
+    grace = _number(args.grace, "--grace", 0)
     prom = None
     if args.prometheus is not None:
         host, _, port = args.prometheus.rpartition(":")
@@ -478,12 +368,20 @@ def options_from_args(args: argparse.Namespace) -> Options:
         format=args.format,
         min_latency_ns=int((min_lat or 0) * 1_000_000),
         disk_only=args.disk_only,
-        no_events=args.no_events,
         duration=duration,
         strategy=args.strategy,
-        max_pids=int(max_pids or 8192),
+        # The kernel map holds up to four keys per process (op x cached).
+        max_pids=max(8192, 4 * int(max_series)) if max_series else 8192,
         prometheus=prom,
         verbose=args.verbose,
+        interval=interval,
+        grace=30.0 if grace is None else grace,
+        max_series=int(max_series) if max_series else None,
+        top=args.top,
+        sort=args.sort,
+        # --top draws from the aggregates: no event stream, so nothing to drop.
+        no_events=args.no_events or args.top,
+        workload=args.workload,
     )
 
 
@@ -492,44 +390,87 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_options(opts: Options, out: TextIO) -> int:
+    from .io_table import PidTable, delete_keys
+    from .io_top import check_terminal, run_top
+
+    if opts.top:
+        check_terminal(out)  # before loading anything
     fmt = EventFormatter()
-    write: Callable[[np.ndarray[Any, Any]], str] = (
-        fmt.json_lines if opts.format == "json" else fmt.text_lines
+    chunks: Callable[[np.ndarray[Any, Any]], Iterable[str]] = (
+        fmt.json_chunks if opts.format == "json" else lambda ev: (fmt.text_lines(ev),)
     )
-    with FileIO(opts) as tool:
+
+    def write(recs: np.ndarray[Any, Any]) -> None:
+        for text in chunks(recs):
+            out.write(text)
+        out.flush()
+
+    with FileIO(opts) as tool, _workload(opts.workload, opts.duration):
+        assert tool.obj is not None
+        stats_map = tool.obj.maps["stats"]
+        table = PidTable(time.monotonic_ns(), grace_s=opts.grace)
+
+        def retire(keys: np.ndarray[Any, Any]) -> None:
+            delete_keys(stats_map, keys)
+
         server = serve_prometheus(tool, opts.prometheus) if opts.prometheus else None
         if opts.verbose:
             print(f"strategy: {tool.strategy.name} ({', '.join(tool.selected)})", file=sys.stderr)
             sys.stderr.flush()
-        if opts.format == "text":
+        start = time.monotonic()
+        if opts.top:
+            run_top(tool, table, opts, out, retire)
+        if opts.format == "text" and not opts.top:
             print("Tracing reads and writes on regular files... Hit Ctrl-C to end.", file=out)
             if not opts.no_events:
                 print(TEXT_HEADER, file=out)
             out.flush()
-        start = time.monotonic()
         end = start + opts.duration if opts.duration else None
+        next_table = start + opts.interval
         try:
-            while end is None or time.monotonic() < end:
-                wait = 0.05 if end is None else max(0.0, min(0.05, end - time.monotonic()))
+            while not opts.top and (end is None or time.monotonic() < end):
+                now = time.monotonic()
+                wait = 0.05 if end is None else max(0.0, min(0.05, end - now))
                 recs = tool.events(wait)
                 if len(recs):
-                    out.write(write(recs))
-                    out.flush()
+                    write(recs)
+                if now >= next_table:  # the PID table: windows, retiring the exited
+                    retire(table.update(*tool.stats(), time.monotonic_ns()))
+                    next_table = now + opts.interval
         except KeyboardInterrupt:
             pass
         recs = tool.events(0)
         if len(recs):
-            out.write(write(recs))
-        keys, vals = tool.stats()
+            write(recs)
+        table.update(*tool.stats(), time.monotonic_ns())
         counters = tool.counters()
         if opts.verbose:
             print("lost: " + " ".join(f"{k}={v}" for k, v in counters.items()), file=sys.stderr)
-        report(summarize(keys, vals), counters, time.monotonic() - start, opts, out)
+        report(table.summaries(), counters, time.monotonic() - start, opts, out, table.rolling())
         out.flush()
         if server is not None:
             server.shutdown()
             server.server_close()
     return 0
+
+
+@contextlib.contextmanager
+def _workload(on: bool, seconds: float | None) -> Iterator[None]:
+    """`--workload`: a small file workload in a child process while the tool runs."""
+    if not on:
+        yield
+        return
+    cmd = [sys.executable, "-m", "meridian.workloads", "file-io"]
+    child = subprocess.Popen([*cmd, "--seconds", str(seconds or 3600)])
+    try:
+        yield
+    finally:
+        child.terminate()
+        try:
+            child.wait(5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
 
 
 def report(
@@ -538,11 +479,18 @@ def report(
     seconds: float,
     opts: Options,
     out: TextIO,
+    rolling: dict[int, dict[str, Any]] | None = None,
 ) -> None:
+    """The per-PID summary; `rolling` (PidTable.rolling()) adds each live process's
+    1 s / 10 s / 60 s throughput per op to the JSON objects."""
     if opts.format == "json":
         w = JsonWriter(out)
         for ps in pids.values():
-            w.write(ps.as_dict(seconds))
+            d = ps.as_dict(seconds)
+            for op, windows in (rolling or {}).get(ps.pid, {}).items():
+                if op in d:
+                    d[op]["rolling"] = windows
+            w.write(d)
         w.write({"type": "lost", "seconds": round(seconds, 6), **counters})
         return
     rows = []
