@@ -23,9 +23,11 @@ import numpy as np
 from .. import proc
 from ..bpf import BpfObject, RingBuffer, Strategy, choose, hook_exists, object_path
 from ..errors import UsageError
+from ..export import ExportOptions, add_arguments, exporting, from_args
 from ..hist import Log2Hist
 from ..output import JsonWriter, fmt_bytes, print_table
 from ..system import ensure_ready
+from .io_metrics import io_source
 
 __all__ = [
     "STRATEGIES",
@@ -77,7 +79,7 @@ class Options:
     strategy: str | None = None
     max_pids: int = 8192
     max_threads: int = 16384
-    prometheus: tuple[str, int] | None = None
+    export: ExportOptions | None = None
     verbose: bool = False
 
 
@@ -404,6 +406,7 @@ EXAMPLES = """examples:
   meridian io --min-latency 10      # only operations slower than 10 ms
   meridian io --no-events --duration 10   # metrics only: a per-PID summary after 10 s
   meridian io --no-events --prometheus :9435   # Prometheus metrics read from the maps
+  meridian io --otlp-endpoint http://localhost:4317 --otlp-logs   # OTLP metrics and logs
 """
 
 
@@ -424,11 +427,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-events", action="store_true", help="metrics only, no event stream")
     p.add_argument("--duration", metavar="SECONDS", help="stop after this long")
     p.add_argument("--max-pids", metavar="N", default="8192", help="aggregate map size")
-    p.add_argument("--prometheus", metavar="[HOST]:PORT", help="serve /metrics here (e.g. :9435)")
     p.add_argument(
         "--strategy", choices=[s.name for s in STRATEGIES], help="force a probe strategy"
     )
     p.add_argument("-v", "--verbose", action="store_true", help="libbpf and strategy detail")
+    add_arguments(p, logs=True)
     return p
 
 
@@ -466,12 +469,9 @@ def options_from_args(args: argparse.Namespace) -> Options:
     min_lat = _number(args.min_latency, "--min-latency", 0)
     duration = _number(args.duration, "--duration", 0.001)
     max_pids = _number(args.max_pids, "--max-pids", 1, integer=True)
-    prom = None
-    if args.prometheus is not None:
-        host, _, port = args.prometheus.rpartition(":")
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise UsageError(f"--prometheus takes [HOST]:PORT, got {args.prometheus!r}")
-        prom = (host or "0.0.0.0", int(port))
+    export = from_args(args)
+    if export.otlp_logs and args.no_events:
+        raise UsageError("--otlp-logs sends events: it cannot go with --no-events")
     return Options(
         pids=parse_pids(args.pid),
         comms=comms,
@@ -482,7 +482,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         duration=duration,
         strategy=args.strategy,
         max_pids=int(max_pids or 8192),
-        prometheus=prom,
+        export=export,
         verbose=args.verbose,
     )
 
@@ -496,8 +496,7 @@ def run_options(opts: Options, out: TextIO) -> int:
     write: Callable[[np.ndarray[Any, Any]], str] = (
         fmt.json_lines if opts.format == "json" else fmt.text_lines
     )
-    with FileIO(opts) as tool:
-        server = serve_prometheus(tool, opts.prometheus) if opts.prometheus else None
+    with FileIO(opts) as tool, exporting(opts.export, io_source(tool), "io") as exporters:
         if opts.verbose:
             print(f"strategy: {tool.strategy.name} ({', '.join(tool.selected)})", file=sys.stderr)
             sys.stderr.flush()
@@ -515,20 +514,21 @@ def run_options(opts: Options, out: TextIO) -> int:
                 if len(recs):
                     out.write(write(recs))
                     out.flush()
+                    if exporters.logs:
+                        exporters.logs.emit_json_lines(fmt.json_lines(recs))
         except KeyboardInterrupt:
             pass
         recs = tool.events(0)
         if len(recs):
             out.write(write(recs))
+            if exporters.logs:
+                exporters.logs.emit_json_lines(fmt.json_lines(recs))
         keys, vals = tool.stats()
         counters = tool.counters()
         if opts.verbose:
             print("lost: " + " ".join(f"{k}={v}" for k, v in counters.items()), file=sys.stderr)
         report(summarize(keys, vals), counters, time.monotonic() - start, opts, out)
         out.flush()
-        if server is not None:
-            server.shutdown()
-            server.server_close()
     return 0
 
 
@@ -574,79 +574,3 @@ def report(
     lost = {k: v for k, v in counters.items() if v}
     if lost:
         print("lost: " + ", ".join(f"{k}={v}" for k, v in lost.items()), file=out)
-
-
-# ---- Prometheus ----------------------------------------------------------------------
-
-
-class IoCollector:
-    """prometheus_client's collector pattern: the kernel maps are read on each scrape."""
-
-    def __init__(self, tool: FileIO) -> None:
-        self.tool = tool
-
-    def collect(self) -> Any:
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            HistogramMetricFamily,
-        )
-
-        labels = ["pid", "comm", "op", "cached"]
-        ops = CounterMetricFamily(
-            "meridian_io_operations", "Reads and writes on regular files", labels=labels
-        )
-        nbytes = CounterMetricFamily(
-            "meridian_io", "Bytes read and written (process.disk.io)", labels=labels, unit="bytes"
-        )
-        disk = CounterMetricFamily(
-            "meridian_io_disk",
-            "Bytes that came from or went to the disk",
-            labels=labels,
-            unit="bytes",
-        )
-        wait = CounterMetricFamily(
-            "meridian_io_wait",
-            "Time asleep in I/O wait during operations",
-            labels=labels,
-            unit="seconds",
-        )
-        lat = HistogramMetricFamily(
-            "meridian_io_latency", "Operation latency", labels=labels, unit="seconds"
-        )
-        for ps in summarize(*self.tool.stats()).values():
-            for (op, cached), st in sorted(ps.cells.items()):
-                lv = [str(ps.pid), ps.comm, op, "true" if cached else "false"]
-                ops.add_metric(lv, st.ops)
-                nbytes.add_metric(lv, st.bytes)
-                disk.add_metric(lv, st.disk_bytes)
-                wait.add_metric(lv, st.io_wait_ns / 1e9)
-                buckets = [
-                    ("+Inf" if b == float("inf") else repr(b), c)
-                    for b, c in st.hist.cumulative_buckets(1e-9)
-                ]
-                lat.add_metric(lv, buckets, st.latency_sum_ns / 1e9)
-        lost = CounterMetricFamily(
-            "meridian_io_lost", "Records dropped or not matched, by reason", labels=["reason"]
-        )
-        for k, v in self.tool.counters().items():
-            lost.add_metric([k], v)
-        yield from (ops, nbytes, disk, wait, lat, lost)
-
-
-def serve_prometheus(tool: FileIO, where: tuple[str, int]) -> Any:
-    """Serve /metrics in a thread; a port in use is a one-line error (exit 2)."""
-    try:
-        from prometheus_client import CollectorRegistry, start_http_server
-    except ImportError:
-        from ..errors import ExtraMissing
-
-        raise ExtraMissing("--prometheus", "prometheus") from None
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(IoCollector(tool))
-    try:
-        server, _thread = start_http_server(where[1], addr=where[0], registry=registry)
-    except OSError as exc:
-        raise UsageError(
-            f"--prometheus cannot listen on {where[0]}:{where[1]}: {exc.strerror}"
-        ) from None
-    return server
