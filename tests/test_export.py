@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import io
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -15,7 +17,7 @@ import pytest
 from otlp_receiver import Received, grpc_receiver, http_receiver
 from prometheus_client.parser import text_string_to_metric_families
 
-from meridian.errors import UsageError
+from meridian.errors import ExtraMissing, UsageError
 from meridian.export import Family, HistPoint, Point, add_arguments, from_args
 from meridian.export.otlp import OtlpMetrics, check_endpoint
 from meridian.export.prometheus import PrometheusServer, parse_listen, prom_name
@@ -216,3 +218,37 @@ def test_unreachable_otlp_endpoint_says_so_once_and_loses_nothing() -> None:
     lines = err.getvalue().splitlines()
     assert len(lines) == 1, lines
     assert f"127.0.0.1:{port}" in lines[0] and "retrying" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "extra"),
+    [
+        ("prometheus_client", ["--prometheus", ":9435"], "prometheus"),
+        ("opentelemetry.sdk", ["--otlp-endpoint", "http://127.0.0.1:4317"], "otlp"),
+    ],
+)
+def test_missing_extra_is_one_line_with_the_pip_command(
+    monkeypatch: pytest.MonkeyPatch, module: str, argv: list[str], extra: str
+) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # as if not installed
+    with pytest.raises(ExtraMissing) as e:
+        from_args(_args(*argv))
+    assert f"pip install 'meridian-ebpf[{extra}]'" in str(e.value)
+    assert e.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--prometheus", "abc"], "--prometheus takes [HOST]:PORT"),
+        (["--otlp-endpoint", "ftp://x"], "--otlp-endpoint takes a URL"),
+        (["--otlp-endpoint", "http://x", "--otlp-logs", "--no-events"], "--no-events"),
+        (["--otlp-interval", "5"], "need --otlp-endpoint"),
+    ],
+)
+def test_io_bad_export_options_are_one_line_exit_2(argv: list[str], needle: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "meridian", "io", *argv], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr

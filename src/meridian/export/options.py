@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from ..errors import UsageError
+from ..errors import ExtraMissing, UsageError
 from .series import Source
 
 __all__ = ["ExportOptions", "Exporters", "add_arguments", "exporting", "from_args"]
@@ -81,10 +82,30 @@ def from_args(args: argparse.Namespace) -> ExportOptions:
                 f"--otlp-interval must be from 0.1 to 86400 seconds, got {args.otlp_interval!r}"
             )
     o.otlp_logs = bool(getattr(args, "otlp_logs", False))
+    if o.prometheus is not None:
+        _require("prometheus_client", "--prometheus", "prometheus")
+    if o.otlp_endpoint is not None:
+        _require("opentelemetry.sdk", "--otlp-endpoint", "otlp")
+        _require(
+            f"opentelemetry.exporter.otlp.proto.{_MODULE[o.otlp_protocol]}",
+            "--otlp-endpoint",
+            "otlp",
+        )
     needs_endpoint = o.otlp_logs or o.otlp_headers or args.otlp_interval is not None
     if needs_endpoint and o.otlp_endpoint is None:
         raise UsageError("--otlp-logs, --otlp-header and --otlp-interval need --otlp-endpoint URL")
     return o
+
+
+_MODULE = {"grpc": "grpc", "http/protobuf": "http"}
+
+
+def _require(module: str, option: str, extra: str) -> None:
+    """An optional part missing is a one-line error before anything is loaded."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise ExtraMissing(option, extra) from None
 
 
 class Exporters:
