@@ -302,3 +302,109 @@ def test_unreachable_otlp_endpoint_keeps_running_and_loses_nothing(tmp_path: Pat
         child.close()
     assert io.returncode == 0
     assert "OTLP" not in rest and "Traceback" not in rest, rest
+
+
+# ---- memlat and runqlat --------------------------------------------------------------
+
+
+def scrape(port: int) -> list[Any]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return [s for f in text_string_to_metric_families(r.read().decode()) for s in f.samples]
+
+
+def test_memlat_exports_its_histograms_on_prometheus_and_otlp() -> None:
+    from meridian.tools.memlat import page_toucher, run_toucher
+
+    pages = (64 << 20) // 4096
+    mport = free_port()
+    memlat = None
+    with grpc_receiver() as (port, got), page_toucher(64) as child:
+        try:
+            memlat = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "meridian", "memlat", "-v", "-P", "--json"),
+                    *("-p", str(child.pid), "--prometheus", f"127.0.0.1:{mport}"),
+                    *("--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-interval", "0.5"),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            wait_attached(memlat)
+            result = run_toucher(child)  # the child has exited when this returns
+            samples = scrape(mport)
+            stop(memlat)
+            assert memlat.stdout is not None
+            report = json.loads(memlat.stdout.read().splitlines()[-1])
+        finally:
+            if memlat is not None:
+                stop(memlat)
+                for f in (memlat.stdout, memlat.stderr):
+                    if f is not None:
+                        f.close()
+    pid = result["pid"]
+    assert result["pages"] == pages
+    # The tool's own report, the scrape and the last OTLP export agree to the fault.
+    mine = {h["kind"]: h for h in report["histograms"] if h["pid"] == pid}
+    count = sum(h["count"] for h in mine.values())
+    assert abs(count - pages) <= 0.05 * pages
+    prom = {
+        s.labels["system_paging_type"]: s.value
+        for s in samples
+        if s.name == "system_paging_faults_total" and s.labels["process_pid"] == str(pid)
+    }
+    assert prom == {k: h["count"] for k, h in mine.items()}
+    inf = {
+        s.labels["system_paging_type"]: s.value
+        for s in samples
+        if s.name == "system_paging_fault_duration_seconds_bucket"
+        and s.labels["process_pid"] == str(pid)
+        and s.labels["le"] == "+Inf"
+    }
+    assert inf == prom
+    points = [
+        (a, dp)
+        for a, dp in got.latest_points("system.paging.fault.duration")
+        if a.get("process.pid") == pid
+    ]
+    assert {a["system.paging.type"]: dp.count for a, dp in points} == prom
+    for a, dp in points:
+        h = mine[a["system.paging.type"]]
+        assert list(dp.bucket_counts) == _slots(h["hist"]["buckets"], len(dp.bucket_counts))
+        # usecs slots: bound i is 2**(i+1) microseconds.
+        assert dp.explicit_bounds[0] == pytest.approx(2e-6)
+        assert dp.sum == pytest.approx(h["avg_ns"] * h["count"] / 1e9, rel=1e-3, abs=1e-6)
+        assert dp.max == pytest.approx(h["max_ns"] / 1e9)
+
+
+def _slots(buckets: list[dict[str, int]], n: int) -> list[int]:
+    out = [0] * n
+    for b in buckets:
+        out[max(b["low"], 1).bit_length() - 1] = b["count"]
+    return out
+
+
+def test_runqlat_exports_its_histogram_over_otlp_http() -> None:
+    runq = None
+    with http_receiver() as (port, got):
+        try:
+            runq = meridian(
+                *("runqlat", "-v", "--duration", "3"),
+                *("--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-protocol"),
+                *("http/protobuf", "--otlp-interval", "0.5"),
+            )
+            wait_attached(runq)
+            assert runq.wait(60) == 0
+        finally:
+            if runq is not None:
+                stop(runq)
+                if runq.stderr is not None:
+                    runq.stderr.close()
+        [(a, dp)] = got.latest_points("system.runqueue.duration")
+    assert a == {}
+    assert dp.count > 0 and sum(dp.bucket_counts) == dp.count
+    assert len(dp.explicit_bounds) == len(dp.bucket_counts) - 1 == 31
+    [(lost_a, lost)] = got.latest_points("meridian.runqlat.lost")
+    assert lost_a == {"reason": "hists_full"} and lost.as_int == 0
