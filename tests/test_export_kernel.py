@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import LoopDevice
 from otlp_receiver import Received, grpc_receiver, http_receiver
 
 pytestmark = pytest.mark.kernel
@@ -322,68 +323,59 @@ def test_memlat_exports_its_histograms_on_prometheus_and_otlp() -> None:
     memlat = None
     with grpc_receiver() as (port, got), page_toucher(64) as child:
         try:
-            memlat = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "meridian", "memlat", "-v", "-P", "--json"),
-                    *("-p", str(child.pid), "--prometheus", f"127.0.0.1:{mport}"),
-                    *("--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-interval", "0.5"),
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
+            memlat = meridian(
+                *("memlat", "-v", "-P", "-p", str(child.pid)),
+                *("--prometheus", f"127.0.0.1:{mport}"),
+                *("--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-interval", "0.5"),
             )
             wait_attached(memlat)
             result = run_toucher(child)  # the child has exited when this returns
             samples = scrape(mport)
             stop(memlat)
-            assert memlat.stdout is not None
-            report = json.loads(memlat.stdout.read().splitlines()[-1])
         finally:
             if memlat is not None:
                 stop(memlat)
-                for f in (memlat.stdout, memlat.stderr):
-                    if f is not None:
-                        f.close()
+                if memlat.stderr is not None:
+                    memlat.stderr.close()
     pid = result["pid"]
     assert result["pages"] == pages
-    # The tool's own report, the scrape and the last OTLP export agree to the fault.
-    mine = {h["kind"]: h for h in report["histograms"] if h["pid"] == pid}
-    count = sum(h["count"] for h in mine.values())
-    assert abs(count - pages) <= 0.05 * pages
-    prom = {
+    mine = [s for s in samples if s.labels.get("process_pid") == str(pid)]
+    faults = {
         s.labels["system_paging_type"]: s.value
-        for s in samples
-        if s.name == "system_paging_faults_total" and s.labels["process_pid"] == str(pid)
+        for s in mine
+        if s.name == "system_paging_faults_total"
     }
-    assert prom == {k: h["count"] for k, h in mine.items()}
-    inf = {
-        s.labels["system_paging_type"]: s.value
-        for s in samples
-        if s.name == "system_paging_fault_duration_seconds_bucket"
-        and s.labels["process_pid"] == str(pid)
-        and s.labels["le"] == "+Inf"
-    }
-    assert inf == prom
-    points = [
-        (a, dp)
+    assert abs(sum(faults.values()) - pages) <= 0.05 * pages, faults
+    assert faults["minor"] >= pages  # every touched page faulted (and python's own)
+    # The scrape (after the child exited) and the last OTLP export agree to the fault,
+    # bucket by bucket: Prometheus' cumulative `le` counts are OTLP's running sums.
+    points = {
+        a["system.paging.type"]: dp
         for a, dp in got.latest_points("system.paging.fault.duration")
         if a.get("process.pid") == pid
-    ]
-    assert {a["system.paging.type"]: dp.count for a, dp in points} == prom
-    for a, dp in points:
-        h = mine[a["system.paging.type"]]
-        assert list(dp.bucket_counts) == _slots(h["hist"]["buckets"], len(dp.bucket_counts))
-        # usecs slots: bound i is 2**(i+1) microseconds.
-        assert dp.explicit_bounds[0] == pytest.approx(2e-6)
-        assert dp.sum == pytest.approx(h["avg_ns"] * h["count"] / 1e9, rel=1e-3, abs=1e-6)
-        assert dp.max == pytest.approx(h["max_ns"] / 1e9)
-
-
-def _slots(buckets: list[dict[str, int]], n: int) -> list[int]:
-    out = [0] * n
-    for b in buckets:
-        out[max(b["low"], 1).bit_length() - 1] = b["count"]
-    return out
+    }
+    assert {k: dp.count for k, dp in points.items()} == faults
+    for kind, dp in points.items():
+        assert dp.explicit_bounds[0] == pytest.approx(2e-6)  # usecs slots: 2**(i+1) us
+        cum = {
+            s.labels["le"]: s.value
+            for s in mine
+            if s.name == "system_paging_fault_duration_seconds_bucket"
+            and s.labels["system_paging_type"] == kind
+        }
+        running = 0
+        for bound, n in zip(dp.explicit_bounds, dp.bucket_counts, strict=False):
+            running += n
+            assert cum[repr(bound)] == running
+        assert cum["+Inf"] == dp.count == sum(dp.bucket_counts)
+        total = [
+            s.value
+            for s in mine
+            if s.name == "system_paging_fault_duration_seconds_sum"
+            and s.labels["system_paging_type"] == kind
+        ]
+        assert total == [pytest.approx(dp.sum)]
+        assert 0 < dp.max <= dp.sum
 
 
 def test_runqlat_exports_its_histogram_over_otlp_http() -> None:
@@ -408,3 +400,56 @@ def test_runqlat_exports_its_histogram_over_otlp_http() -> None:
     assert len(dp.explicit_bounds) == len(dp.bucket_counts) - 1 == 31
     [(lost_a, lost)] = got.latest_points("meridian.runqlat.lost")
     assert lost_a == {"reason": "hists_full"} and lost.as_int == 0
+
+
+def test_biolat_exports_per_disk_metrics_on_prometheus_and_otlp(loop_device: LoopDevice) -> None:
+    mport = free_port()
+    bio = None
+    with grpc_receiver() as (port, got):
+        try:
+            bio = meridian(
+                *("biolat", "-v", "-d", loop_device.name, "--prometheus", f"127.0.0.1:{mport}"),
+                *("--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-interval", "0.5"),
+            )
+            wait_attached(bio)
+            dev = loop_device.path
+            for args in (
+                (f"if={dev}", "of=/dev/null", "bs=4k", "count=100", "iflag=direct"),
+                ("if=/dev/zero", f"of={dev}", "bs=64k", "count=16", "oflag=direct"),
+            ):
+                subprocess.run(["dd", *args, "status=none"], check=True, timeout=60)
+            samples = scrape(mport)
+            stop(bio)
+        finally:
+            if bio is not None:
+                stop(bio)
+                if bio.stderr is not None:
+                    bio.stderr.close()
+    want_bytes = {"read": 100 * 4096, "write": 16 * 65536}
+    want_ops = {"read": 100, "write": 16}
+
+    def prom(name: str) -> dict[str, float]:
+        return {
+            s.labels["disk_io_direction"]: s.value
+            for s in samples
+            if s.name == name
+            and s.labels["system_device"] == loop_device.name
+            and s.labels.get("le", "+Inf") == "+Inf"
+        }
+
+    assert prom("system_disk_io_bytes_total") == want_bytes
+    assert prom("system_disk_operations_total") == want_ops
+    assert prom("system_disk_operation_duration_seconds_bucket") == want_ops
+    otlp = {
+        a["disk.io.direction"]: dp.as_int
+        for a, dp in got.latest_points("system.disk.io")
+        if a["system.device"] == loop_device.name
+    }
+    assert otlp == want_bytes
+    hists = {
+        a["disk.io.direction"]: dp
+        for a, dp in got.latest_points("system.disk.operation.duration")
+        if a["system.device"] == loop_device.name
+    }
+    assert {k: h.count for k, h in hists.items()} == want_ops
+    assert all(sum(h.bucket_counts) == h.count for h in hists.values())
