@@ -42,6 +42,7 @@ __all__ = ["OtlpLogs", "OtlpMetrics", "check_endpoint", "parse_header"]
 PROTOCOLS = ("grpc", "http/protobuf")
 DEFAULT_PORT = {"grpc": 4317, "http/protobuf": 4318}
 MAX_BACKOFF_S = 60.0
+CLOSE_WHEN_FAILING_S = 2.0
 
 
 def check_endpoint(url: str, protocol: str) -> str:
@@ -187,6 +188,8 @@ class OtlpMetrics:
         self.start_ns = time.time_ns()
         self.once = _Once(f"OTLP metrics export to {endpoint} ({protocol})", err or sys.stderr)
         self.exports = self.failures = 0
+        self.healthy = True
+        self._shut = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="otlp-metrics", daemon=True)
         self._thread.start()
@@ -260,24 +263,37 @@ class OtlpMetrics:
             self.once.failed()
         return ok
 
+    def _export_safely(self) -> bool:
+        if self._shut:
+            return False
+        try:
+            ok = self.export_once()
+        except Exception as exc:  # a bad read must not end the exports
+            _HANDLER.last = f"{type(exc).__name__}: {exc}"
+            self.once.failed()
+            ok = False
+        self.healthy = ok
+        return ok
+
     def _loop(self) -> None:
+        """Export every interval (backing off while failing); once more when stopped."""
         delay = self.interval
-        while not self._stop.wait(delay):
-            try:
-                ok = self.export_once()
-            except Exception as exc:  # a bad read must not end the exports
-                _HANDLER.last = f"{type(exc).__name__}: {exc}"
-                self.once.failed()
-                ok = False
+        while True:
+            stopping = self._stop.wait(delay)
+            ok = self._export_safely()
+            if stopping:
+                return
             delay = self.interval if ok else min(max(delay * 2, self.interval), MAX_BACKOFF_S)
 
     def close(self) -> None:
+        """Stop, with one last export of the totals. While the collector answers that
+        may take up to two export timeouts; while it does not, about 2 s (the totals it
+        would have carried are the ones every earlier failed export had too)."""
         self._stop.set()
-        self._thread.join()
-        try:
-            self.export_once()
-        finally:
-            self.exporter.shutdown(timeout_millis=self.timeout * 1000)
+        self._thread.join(2 * self.timeout if self.healthy else CLOSE_WHEN_FAILING_S)
+        self._shut = True
+        self.exporter.shutdown(timeout_millis=1000)  # also cuts a retry wait short
+        self._thread.join(1.0)
 
 
 class _ReportingLogExporter:
