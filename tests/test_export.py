@@ -252,3 +252,47 @@ def test_io_bad_export_options_are_one_line_exit_2(argv: list[str], needle: str)
     )
     assert r.returncode == 2 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("tool", ["memlat", "runqlat"])
+def test_validate_with_export_options_is_one_line_exit_2(tool: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "meridian", tool, "validate", "--prometheus", ":9435"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "validate exports nothing" in r.stderr
+
+
+LINE = (
+    '{"pid":7,"tid":8,"comm":"dd","op":"read","fd":3,"file":"/x","bytes":4096,'
+    '"bytes_requested":4096,"disk_bytes":0,"latency_ns":1500,"cached":true,'
+    '"io_wait_ns":0,"timestamp_ns":1000,"wall_time":"2026-11-22T04:00:00.000000Z"}'
+)
+
+
+def test_otlp_logs_carry_each_event_and_count_what_was_not_delivered() -> None:
+    from meridian.export.otlp import OtlpLogs
+
+    with grpc_receiver() as (port, got):
+        err = io.StringIO()
+        logs = OtlpLogs("io", f"http://127.0.0.1:{port}", interval=0.2, err=err)
+        logs.emit_json_lines(LINE + "\n" + LINE.replace('"op":"read"', '"op":"write"') + "\n")
+        logs.close()
+    assert err.getvalue() == ""
+    recs = got.log_records()
+    assert len(recs) == 2 and recs[0].body.string_value == LINE
+    a = {kv.key: kv.value for kv in recs[1].attributes}
+    assert a["process.pid"].int_value == 7 and a["disk.io.direction"].string_value == "write"
+    assert a["file.path"].string_value == "/x" and a["meridian.io.cached"].bool_value
+    assert recs[0].time_unix_nano == 1000 + logs.offset_ns
+
+    err = io.StringIO()
+    logs = OtlpLogs("io", f"http://127.0.0.1:{_free_port()}", interval=0.2, err=err)
+    logs.emit_json_lines(LINE + "\n" + LINE + "\n" + LINE + "\n")
+    logs.close()
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 2 and "retrying" in lines[0]
+    assert lines[1] == "meridian: 3 of 3 OTLP log records were not delivered"

@@ -301,10 +301,13 @@ class _ReportingLogExporter:
 
     def __init__(self, inner: Any, once: _Once) -> None:
         self.inner, self.once = inner, once
+        self.delivered = 0
 
     def export(self, batch: Any) -> Any:
         result = self.inner.export(batch)
-        if getattr(result, "name", "") != "SUCCESS":
+        if getattr(result, "name", "") == "SUCCESS":
+            self.delivered += len(batch)
+        else:
             self.once.failed()
         return result
 
@@ -352,11 +355,13 @@ class OtlpLogs:
         _quiet_sdk_loggers()
         timeout = min(10.0, max(2.0, interval))
         inner = _exporter("logs", endpoint, protocol, headers or {}, timeout)
-        once = _Once(f"OTLP logs export to {endpoint} ({protocol})", err or sys.stderr)
+        self.err = err or sys.stderr
+        once = _Once(f"OTLP logs export to {endpoint} ({protocol})", self.err)
+        self.exporter = _ReportingLogExporter(inner, once)
         self.provider = LoggerProvider(resource=_resource(tool))
         self.provider.add_log_record_processor(
             BatchLogRecordProcessor(
-                cast(Any, _ReportingLogExporter(inner, once)),
+                cast(Any, self.exporter),
                 schedule_delay_millis=min(interval, 1.0) * 1000,
                 max_export_batch_size=2048,
                 max_queue_size=1 << 16,
@@ -390,5 +395,13 @@ class OtlpLogs:
             self.emitted += 1
 
     def close(self) -> None:
+        """Flush and stop; records that never reached the collector (it was down, or
+        the queue was full) are counted on stderr, never dropped silently."""
         self.provider.force_flush()
         self.provider.shutdown()
+        lost = self.emitted - self.exporter.delivered
+        if lost:
+            print(
+                f"meridian: {lost} of {self.emitted} OTLP log records were not delivered",
+                file=self.err,
+            )

@@ -665,6 +665,8 @@ def run(args: argparse.Namespace) -> int:
         if validating:
             if args.count is not None:
                 raise UsageError(f"validate takes no count, got {args.count!r}")
+            if opts.export is not None and opts.export.any:
+                raise UsageError("validate exports nothing: drop --prometheus and --otlp-endpoint")
             secs = positive_number(args.seconds, "--seconds") or 10.0
             mb = int(positive_number(args.mb, "--mb", integer=True) or 256)
             ok, report = validate(opts, secs, mb)

@@ -461,6 +461,8 @@ def run(args: argparse.Namespace) -> int:
     if validating:
         if args.count is not None:
             raise UsageError(f"validate takes no count, got {args.count!r}")
+        if opts.export is not None and opts.export.any:
+            raise UsageError("validate exports nothing: drop --prometheus and --otlp-endpoint")
         secs = positive_number(args.seconds, "--seconds") or 5.0
         workers = positive_number(args.workers, "--workers", integer=True)
         report = validate(opts, secs, int(workers) if workers else None)
