@@ -296,3 +296,17 @@ def test_otlp_logs_carry_each_event_and_count_what_was_not_delivered() -> None:
     lines = err.getvalue().splitlines()
     assert len(lines) == 2 and "retrying" in lines[0]
     assert lines[1] == "meridian: 3 of 3 OTLP log records were not delivered"
+
+
+def test_sparse_le_buckets_keep_every_bound_around_non_empty_slots() -> None:
+    from meridian.export.prometheus import log2_le_buckets
+
+    slots = np.zeros(10, dtype=np.uint64)
+    slots[3], slots[4], slots[7] = 1, 2, 3
+    got = log2_le_buckets(HistPoint({}, slots, 1.0, 0.0))
+    # slots 2..4 and 6..7: bounds 8, 16, 32, then 128, 256; +Inf is the total.
+    assert got == [("8.0", 0), ("16.0", 1), ("32.0", 3), ("128.0", 3), ("256.0", 6), ("+Inf", 6)]
+    slots[:] = 0
+    slots[9] = 4  # only the overflow slot: its lower bound, then +Inf
+    assert log2_le_buckets(HistPoint({}, slots, 1.0, 0.0)) == [("512.0", 0), ("+Inf", 4)]
+    assert log2_le_buckets(HistPoint({}, np.zeros(4, np.uint64), 1.0, 0.0)) == [("+Inf", 0)]

@@ -43,6 +43,9 @@ PROTOCOLS = ("grpc", "http/protobuf")
 DEFAULT_PORT = {"grpc": 4317, "http/protobuf": 4318}
 MAX_BACKOFF_S = 60.0
 CLOSE_WHEN_FAILING_S = 2.0
+# Data points per request: collectors refuse messages over 4 MiB by default, and a
+# histogram point with 40 log2 buckets is about 700 bytes.
+BATCH_POINTS = 2000
 
 
 def check_endpoint(url: str, protocol: str) -> str:
@@ -110,7 +113,11 @@ def _exporter(
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
             return OTLPMetricExporter(
-                target, insecure=insecure, headers=dict(headers), timeout=timeout
+                target,
+                insecure=insecure,
+                headers=dict(headers),
+                timeout=timeout,
+                max_export_batch_size=BATCH_POINTS,
             )
         from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
 
@@ -121,7 +128,9 @@ def _exporter(
             OTLPMetricExporter as HttpMetricExporter,
         )
 
-        return HttpMetricExporter(url, headers=dict(headers), timeout=timeout)
+        return HttpMetricExporter(
+            url, headers=dict(headers), timeout=timeout, max_export_batch_size=BATCH_POINTS
+        )
     from opentelemetry.exporter.otlp.proto.http._log_exporter import (
         OTLPLogExporter as HttpLogExporter,
     )

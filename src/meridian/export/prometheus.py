@@ -18,7 +18,14 @@ from typing import Any
 from ..errors import ExtraMissing, UsageError
 from .series import HistPoint, Point, Source
 
-__all__ = ["PrometheusServer", "SeriesCollector", "parse_listen", "prom_label", "prom_name"]
+__all__ = [
+    "PrometheusServer",
+    "SeriesCollector",
+    "log2_le_buckets",
+    "parse_listen",
+    "prom_label",
+    "prom_name",
+]
 
 UNIT_SUFFIX = {"By": "bytes", "s": "seconds", "1": "ratio"}
 
@@ -44,6 +51,27 @@ def _label_value(v: str | int | bool) -> str:
     return str(v)
 
 
+def log2_le_buckets(p: HistPoint) -> list[tuple[str, int]]:
+    """Cumulative `le` buckets in seconds for the kernel's log2 slots, sparse: the upper
+    bound of each non-empty slot and of the slot below it, then +Inf (which also holds
+    the last slot). The bounds left out sit between two equal cumulative counts, so
+    `histogram_quantile` gives what it would with all of them; a series of 40 slots
+    does not become 41 series per label set, and a bound once shown stays (counts only
+    grow)."""
+    counts = [int(n) for n in p.slots.tolist()]
+    last = len(counts) - 1  # the overflow slot: only in +Inf
+    keep = {j for i, n in enumerate(counts[:last]) if n for j in (i - 1, i) if j >= 0}
+    if last >= 1 and counts[last]:
+        keep.add(last - 1)
+    out, cum = [], 0
+    for i in range(last):
+        cum += counts[i]
+        if i in keep:
+            out.append((repr(float(1 << (i + 1)) * p.scale), cum))
+    out.append(("+Inf", p.count))
+    return out
+
+
 def families(source: Source) -> Iterator[Any]:
     """prometheus_client metric families for everything `source()` returns."""
     from prometheus_client.core import (
@@ -60,12 +88,7 @@ def families(source: Source) -> Iterator[Any]:
             h = HistogramMetricFamily(name, fam.description, labels=labels)
             for p in fam.points:
                 assert isinstance(p, HistPoint)
-                cum, buckets = 0, []
-                for i, n in enumerate(p.slots.tolist()[:-1]):
-                    cum += int(n)
-                    buckets.append((repr(float(1 << (i + 1)) * p.scale), cum))
-                buckets.append(("+Inf", p.count))
-                h.add_metric([_label_value(p.attrs[k]) for k in keys], buckets, p.sum)
+                h.add_metric([_label_value(p.attrs[k]) for k in keys], log2_le_buckets(p), p.sum)
             yield h
             continue
         cls = CounterMetricFamily if fam.kind == "counter" else GaugeMetricFamily
