@@ -13,7 +13,8 @@ BPF_OBJ   := $(patsubst bpf/%.bpf.c,$(OBJDIR)/%.bpf.o,$(BPF_SRC))
 ARCH      := $(shell uname -m | sed -e 's/x86_64/x86/' -e 's/aarch64/arm64/')
 CLANG     ?= clang
 BPFTOOL   ?= bpftool
-DEB_PKGS  := clang llvm libbpf-dev bpftool bpftrace fio e2fsprogs util-linux zstd gcc libc6-dev
+DEB_PKGS  := clang llvm libbpf-dev bpftool bpftrace fio e2fsprogs util-linux zstd gcc libc6-dev \
+             prometheus
 PYTEST_ARGS ?=
 
 .PHONY: help deps venv bpf run test lint bench clean
@@ -23,9 +24,10 @@ help:
 	@echo "make lint   ruff and mypy"
 	@echo "make bench  every benchmark in benchmarks/ (tables to copy into benchmarks/RESULTS.md)"
 
-# Debian packages: install only what is missing (apt-get update once, first).
+# Debian packages: install only what is missing (apt-get update once, first); checked
+# again whenever this Makefile (the list) changes.
 deps: $(BUILD)/.deps
-$(BUILD)/.deps:
+$(BUILD)/.deps: Makefile
 	@mkdir -p $(BUILD)
 	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

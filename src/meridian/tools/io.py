@@ -23,10 +23,12 @@ import numpy as np
 
 from ..bpf import BpfObject, RingBuffer, Strategy, choose, hook_exists, object_path
 from ..errors import UsageError
+from ..export import Exporters, ExportOptions, add_arguments, exporting, from_args
 from ..hist import Log2Hist
 from ..output import JsonWriter, fmt_bytes, print_table
 from ..system import ensure_ready
 from .io_format import TEXT_HEADER, EventFormatter
+from .io_metrics import io_source
 
 __all__ = [
     "STRATEGIES",
@@ -67,7 +69,7 @@ class Options:
     strategy: str | None = None
     max_pids: int = 8192
     max_threads: int = 16384
-    prometheus: tuple[str, int] | None = None
+    export: ExportOptions | None = None
     verbose: bool = False
     # The agent side: PID table, --top, demo workload (io_table.py, io_top.py).
     interval: float = 1.0  # seconds between reads of the aggregate map
@@ -278,6 +280,7 @@ EXAMPLES = """examples:
   meridian io --top --sort latency  # live per-process view, slowest first (Ctrl-C ends)
   meridian io --top --max-pids 20   # 20 busiest processes, the rest per command name
   meridian io --workload --duration 10 --format text   # demo: a small file workload
+  meridian io --otlp-endpoint http://localhost:4317 --otlp-logs   # OTLP metrics and logs
 """
 
 
@@ -312,11 +315,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--grace", metavar="SECONDS", default="30", help="retire exited processes after this"
     )
     p.add_argument("--workload", action="store_true", help="run a small built-in file workload")
-    p.add_argument("--prometheus", metavar="[HOST]:PORT", help="serve /metrics here (e.g. :9435)")
     p.add_argument(
         "--strategy", choices=[s.name for s in STRATEGIES], help="force a probe strategy"
     )
     p.add_argument("-v", "--verbose", action="store_true", help="libbpf and strategy detail")
+    add_arguments(p, logs=True)
     return p
 
 
@@ -356,12 +359,9 @@ def options_from_args(args: argparse.Namespace) -> Options:
     max_series = _number(args.max_pids, "--max-pids", 1, integer=True)
     interval = _number(args.interval, "--interval", 0.05) or 1.0
     grace = _number(args.grace, "--grace", 0)
-    prom = None
-    if args.prometheus is not None:
-        host, _, port = args.prometheus.rpartition(":")
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise UsageError(f"--prometheus takes [HOST]:PORT, got {args.prometheus!r}")
-        prom = (host or "0.0.0.0", int(port))
+    export = from_args(args)
+    if export.otlp_logs and (args.no_events or args.top):
+        raise UsageError("--otlp-logs sends events: it cannot go with --no-events or --top")
     return Options(
         pids=parse_pids(args.pid),
         comms=comms,
@@ -372,7 +372,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         strategy=args.strategy,
         # The kernel map holds up to four keys per process (op x cached).
         max_pids=max(8192, 4 * int(max_series)) if max_series else 8192,
-        prometheus=prom,
+        export=export,
         verbose=args.verbose,
         interval=interval,
         grace=30.0 if grace is None else grace,
@@ -390,11 +390,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_options(opts: Options, out: TextIO) -> int:
-    from .io_table import PidTable, delete_keys
-    from .io_top import check_terminal, run_top
+    from .io_top import check_terminal
 
     if opts.top:
         check_terminal(out)  # before loading anything
+    with FileIO(opts) as tool, _workload(opts.workload, opts.duration):
+        source = io_source(tool, max_series=opts.max_series)
+        with exporting(opts.export, source, "io") as exporters:
+            return _stream(tool, exporters, opts, out)
+
+
+def _stream(tool: FileIO, exporters: Exporters, opts: Options, out: TextIO) -> int:
+    """The event stream (or --top) and the PID table until the end, then the summary."""
+    from .io_table import PidTable, delete_keys
+    from .io_top import run_top
+
     fmt = EventFormatter()
     chunks: Callable[[np.ndarray[Any, Any]], Iterable[str]] = (
         fmt.json_chunks if opts.format == "json" else lambda ev: (fmt.text_lines(ev),)
@@ -404,53 +414,50 @@ def run_options(opts: Options, out: TextIO) -> int:
         for text in chunks(recs):
             out.write(text)
         out.flush()
+        if exporters.logs:
+            exporters.logs.emit_json_lines(fmt.json_lines(recs))
 
-    with FileIO(opts) as tool, _workload(opts.workload, opts.duration):
-        assert tool.obj is not None
-        stats_map = tool.obj.maps["stats"]
-        table = PidTable(time.monotonic_ns(), grace_s=opts.grace)
+    assert tool.obj is not None
+    stats_map = tool.obj.maps["stats"]
+    table = PidTable(time.monotonic_ns(), grace_s=opts.grace)
 
-        def retire(keys: np.ndarray[Any, Any]) -> None:
-            delete_keys(stats_map, keys)
+    def retire(keys: np.ndarray[Any, Any]) -> None:
+        delete_keys(stats_map, keys)
 
-        server = serve_prometheus(tool, opts.prometheus) if opts.prometheus else None
-        if opts.verbose:
-            print(f"strategy: {tool.strategy.name} ({', '.join(tool.selected)})", file=sys.stderr)
-            sys.stderr.flush()
-        start = time.monotonic()
-        if opts.top:
-            run_top(tool, table, opts, out, retire)
-        if opts.format == "text" and not opts.top:
-            print("Tracing reads and writes on regular files... Hit Ctrl-C to end.", file=out)
-            if not opts.no_events:
-                print(TEXT_HEADER, file=out)
-            out.flush()
-        end = start + opts.duration if opts.duration else None
-        next_table = start + opts.interval
-        try:
-            while not opts.top and (end is None or time.monotonic() < end):
-                now = time.monotonic()
-                wait = 0.05 if end is None else max(0.0, min(0.05, end - now))
-                recs = tool.events(wait)
-                if len(recs):
-                    write(recs)
-                if now >= next_table:  # the PID table: windows, retiring the exited
-                    retire(table.update(*tool.stats(), time.monotonic_ns()))
-                    next_table = now + opts.interval
-        except KeyboardInterrupt:
-            pass
-        recs = tool.events(0)
-        if len(recs):
-            write(recs)
-        table.update(*tool.stats(), time.monotonic_ns())
-        counters = tool.counters()
-        if opts.verbose:
-            print("lost: " + " ".join(f"{k}={v}" for k, v in counters.items()), file=sys.stderr)
-        report(table.summaries(), counters, time.monotonic() - start, opts, out, table.rolling())
+    if opts.verbose:
+        print(f"strategy: {tool.strategy.name} ({', '.join(tool.selected)})", file=sys.stderr)
+        sys.stderr.flush()
+    start = time.monotonic()
+    if opts.top:
+        run_top(tool, table, opts, out, retire)
+    if opts.format == "text" and not opts.top:
+        print("Tracing reads and writes on regular files... Hit Ctrl-C to end.", file=out)
+        if not opts.no_events:
+            print(TEXT_HEADER, file=out)
         out.flush()
-        if server is not None:
-            server.shutdown()
-            server.server_close()
+    end = start + opts.duration if opts.duration else None
+    next_table = start + opts.interval
+    try:
+        while not opts.top and (end is None or time.monotonic() < end):
+            now = time.monotonic()
+            wait = 0.05 if end is None else max(0.0, min(0.05, end - now))
+            recs = tool.events(wait)
+            if len(recs):
+                write(recs)
+            if now >= next_table:  # the PID table: windows, retiring the exited
+                retire(table.update(*tool.stats(), time.monotonic_ns()))
+                next_table = now + opts.interval
+    except KeyboardInterrupt:
+        pass
+    recs = tool.events(0)
+    if len(recs):
+        write(recs)
+    table.update(*tool.stats(), time.monotonic_ns())
+    counters = tool.counters()
+    if opts.verbose:
+        print("lost: " + " ".join(f"{k}={v}" for k, v in counters.items()), file=sys.stderr)
+    report(table.summaries(), counters, time.monotonic() - start, opts, out, table.rolling())
+    out.flush()
     return 0
 
 
@@ -522,79 +529,3 @@ def report(
     lost = {k: v for k, v in counters.items() if v}
     if lost:
         print("lost: " + ", ".join(f"{k}={v}" for k, v in lost.items()), file=out)
-
-
-# ---- Prometheus ----------------------------------------------------------------------
-
-
-class IoCollector:
-    """prometheus_client's collector pattern: the kernel maps are read on each scrape."""
-
-    def __init__(self, tool: FileIO) -> None:
-        self.tool = tool
-
-    def collect(self) -> Any:
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            HistogramMetricFamily,
-        )
-
-        labels = ["pid", "comm", "op", "cached"]
-        ops = CounterMetricFamily(
-            "meridian_io_operations", "Reads and writes on regular files", labels=labels
-        )
-        nbytes = CounterMetricFamily(
-            "meridian_io", "Bytes read and written (process.disk.io)", labels=labels, unit="bytes"
-        )
-        disk = CounterMetricFamily(
-            "meridian_io_disk",
-            "Bytes that came from or went to the disk",
-            labels=labels,
-            unit="bytes",
-        )
-        wait = CounterMetricFamily(
-            "meridian_io_wait",
-            "Time asleep in I/O wait during operations",
-            labels=labels,
-            unit="seconds",
-        )
-        lat = HistogramMetricFamily(
-            "meridian_io_latency", "Operation latency", labels=labels, unit="seconds"
-        )
-        for ps in summarize(*self.tool.stats()).values():
-            for (op, cached), st in sorted(ps.cells.items()):
-                lv = [str(ps.pid), ps.comm, op, "true" if cached else "false"]
-                ops.add_metric(lv, st.ops)
-                nbytes.add_metric(lv, st.bytes)
-                disk.add_metric(lv, st.disk_bytes)
-                wait.add_metric(lv, st.io_wait_ns / 1e9)
-                buckets = [
-                    ("+Inf" if b == float("inf") else repr(b), c)
-                    for b, c in st.hist.cumulative_buckets(1e-9)
-                ]
-                lat.add_metric(lv, buckets, st.latency_sum_ns / 1e9)
-        lost = CounterMetricFamily(
-            "meridian_io_lost", "Records dropped or not matched, by reason", labels=["reason"]
-        )
-        for k, v in self.tool.counters().items():
-            lost.add_metric([k], v)
-        yield from (ops, nbytes, disk, wait, lat, lost)
-
-
-def serve_prometheus(tool: FileIO, where: tuple[str, int]) -> Any:
-    """Serve /metrics in a thread; a port in use is a one-line error (exit 2)."""
-    try:
-        from prometheus_client import CollectorRegistry, start_http_server
-    except ImportError:
-        from ..errors import ExtraMissing
-
-        raise ExtraMissing("--prometheus", "prometheus") from None
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(IoCollector(tool))
-    try:
-        server, _thread = start_http_server(where[1], addr=where[0], registry=registry)
-    except OSError as exc:
-        raise UsageError(
-            f"--prometheus cannot listen on {where[0]}:{where[1]}: {exc.strerror}"
-        ) from None
-    return server
