@@ -47,6 +47,7 @@ def capped(
     """(attributes, summary) per series: one per process, or capped as the module says.
     Ranked by cumulative bytes, so a steady process keeps its series."""
     from .io import PidSummary
+
     ranked = sorted(pids.values(), key=lambda ps: (-ps.total().bytes, ps.pid))
 
     def own(ps: PidSummary) -> tuple[dict[str, str | int | bool], PidSummary]:
