@@ -13,7 +13,8 @@ BPF_OBJ   := $(patsubst bpf/%.bpf.c,$(OBJDIR)/%.bpf.o,$(BPF_SRC))
 ARCH      := $(shell uname -m | sed -e 's/x86_64/x86/' -e 's/aarch64/arm64/')
 CLANG     ?= clang
 BPFTOOL   ?= bpftool
-DEB_PKGS  := clang llvm libbpf-dev bpftool bpftrace fio e2fsprogs util-linux zstd gcc libc6-dev
+DEB_PKGS  := clang llvm libbpf-dev bpftool bpftrace fio e2fsprogs util-linux zstd gcc libc6-dev \
+             prometheus
 PYTEST_ARGS ?=
 
 .PHONY: help deps venv bpf run test lint bench clean
@@ -21,11 +22,12 @@ help:
 	@echo "make run    set up (Debian packages, venv, BPF objects) and run meridian io for 10 s"
 	@echo "make test   the same set-up, then the whole test suite"
 	@echo "make lint   ruff and mypy"
-	@echo "make bench  the benchmarks in benchmarks/ (writes benchmarks/RESULTS.md)"
+	@echo "make bench  every benchmark in benchmarks/ (tables to copy into benchmarks/RESULTS.md)"
 
-# Debian packages: install only what is missing (apt-get update once, first).
+# Debian packages: install only what is missing (apt-get update once, first); checked
+# again whenever this Makefile (the list) changes.
 deps: $(BUILD)/.deps
-$(BUILD)/.deps:
+$(BUILD)/.deps: Makefile
 	@mkdir -p $(BUILD)
 	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -58,7 +60,7 @@ $(OBJDIR)/%.bpf.o: bpf/%.bpf.c $(BPF_HDR) $(BUILD)/vmlinux.h
 bpf: $(BPF_OBJ)
 
 run: venv bpf
-	$(VENV)/bin/meridian biolat --workload 10 1
+	$(VENV)/bin/meridian io --workload --duration 10 --format text
 
 test: venv bpf
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -2,26 +2,28 @@
 program) untraced, with `meridian io --no-events`, with `meridian io` streaming every
 event as JSON to /dev/null, and with bpftrace keeping the equivalent per-PID latency
 histogram, interleaved round by round in the same run. Ratios are medians of traced /
-untraced rates of the same round. Also the agent's own cost: JSON lines per second
-of one core for 1 million decoded events.
+untraced rates of the same round. Then the same four conditions on a fio job: 4 KiB
+random O_DIRECT reads (psync, queue depth 1) of a file, IOPS interleaved round by round
+(ratios to the neighbouring untraced runs). The agent's own cost (CPU seconds and RSS
+per million JSON lines, drops at 100k/s): benchmarks/ioagent_bench.py.
 
-Run as root from the repository: .venv/bin/python benchmarks/io_bench.py [rounds] [seconds]
+Run as root from the repository:
+  .venv/bin/python benchmarks/io_bench.py [rounds] [seconds] [fio-rounds] [fio-seconds]
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from _rounds import interleaved, print_ratios
 
 ROOT = Path(__file__).resolve().parent.parent
 MERIDIAN = [str(ROOT / ".venv" / "bin" / "meridian"), "io", "-v"]
@@ -101,43 +103,56 @@ def traced(
     return rate, tail
 
 
-def agent_json_rate(n: int = 1_000_000) -> dict[str, float]:
-    """JSON lines per second of one core, from decoded columns, and peak RSS."""
-    sys.path.insert(0, str(ROOT / "src"))
-    from meridian.bpf import BpfObject, object_path
-    from meridian.tools.io import EventFormatter
+def fio(path: Path, seconds: int) -> float:
+    """IOPS of 4 KiB random O_DIRECT preads of `path` (psync: one pread64 per I/O)."""
+    out = subprocess.run(
+        [
+            "fio",
+            "--name=bench",
+            f"--filename={path}",
+            "--rw=randread",
+            "--bs=4k",
+            "--direct=1",
+            "--ioengine=psync",
+            "--iodepth=1",
+            f"--runtime={seconds}",
+            "--time_based",
+            "--output-format=json",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return float(json.loads(out)["jobs"][0]["read"]["iops"])
 
-    with BpfObject(object_path("io")) as obj:
-        assert obj.btf is not None
-        dtype = obj.btf.struct_dtype("fileio_event")
-    ev = np.zeros(n, dtype=dtype)
-    ev["pid"] = 4242
-    ev["tid"] = 4242
-    ev["comm"] = b"preadloop"
-    ev["fd"] = 3
-    ev["ino"] = 12
-    ev["dev"] = 7 << 20
-    ev["bytes"] = 4096
-    ev["bytes_requested"] = 4096
-    ev["latency_ns"] = np.arange(n) % 5000
-    ev["ts_ns"] = time.monotonic_ns() + np.arange(n) * 1000
-    ev["cached"] = 1
-    fmt = EventFormatter()
-    cpu0 = time.process_time()
-    total = 0
-    with open(os.devnull, "w") as out:
-        for i in range(0, n, 65536):
-            s = fmt.json_lines(ev[i : i + 65536])
-            total += len(s)
-            out.write(s)
-    cpu = time.process_time() - cpu0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"events": n, "cpu_s": cpu, "events_per_cpu_s": n / cpu, "peak_rss_mb": rss}
+
+def fio_rounds(rounds: int, seconds: int, script: Path) -> None:
+    """The fio job untraced and under each tracer, interleaved; events to /dev/null."""
+    meridian = [str(ROOT / ".venv" / "bin" / "meridian"), "io"]
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
+        data = Path(d) / "fio.bin"
+        subprocess.run(
+            ["fio", "--name=lay", f"--filename={data}", "--size=256m", "--rw=write",
+             "--bs=1m", "--direct=1", "--output-format=json"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        results = interleaved(
+            lambda: fio(data, seconds),
+            {
+                "meridian io --no-events": [*meridian, "--no-events"],
+                "meridian io (JSON to /dev/null)": meridian,
+                "bpftrace per-PID pread64 histogram": ["bpftrace", str(script)],
+            },
+            rounds,
+        )
+    print_ratios(results, f"fio 4 KiB randread O_DIRECT psync qd1, {seconds} s runs", "IOPS")
 
 
 def main(argv: list[str]) -> int:
     rounds = int(argv[1]) if len(argv) > 1 else 3
     seconds = float(argv[2]) if len(argv) > 2 else 3.0
+    fio_n = int(argv[3]) if len(argv) > 3 else 3
+    fio_s = int(argv[4]) if len(argv) > 4 else 5
     results: dict[str, list[float]] = {
         "untraced": [],
         "no-events": [],
@@ -170,18 +185,20 @@ def main(argv: list[str]) -> int:
                 f"bpftrace {results['bpftrace'][-1]:.3f}",
                 flush=True,
             )
-    agent = agent_json_rate()
     summary: dict[str, Any] = {
         "machine": f"{platform.node()} {platform.release()} {os.cpu_count()} CPUs",
         "rounds": rounds,
         "seconds": seconds,
         "untraced_median_per_s": statistics.median(results["untraced"]),
         **{k: statistics.median(v) for k, v in results.items() if k != "untraced"},
-        "agent": agent,
         "notes": notes,
     }
     for k, v in summary.items():
         print(f"{k}: {v}")
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "lat.bt"
+        script.write_text(BPFTRACE)
+        fio_rounds(fio_n, fio_s, script)
     return 0
 
 

@@ -1,9 +1,11 @@
 """syscalls overhead: iterations/s of a C loop of openat + fstat (newfstatat) + close
-on one file, untraced, under `meridian syscalls -w FILE -- loop` (every call streamed
-to a recording, plain lines to /dev/null), under `strace -f -e trace=openat,newfstatat,
-close -o /dev/null`, and under bpftrace printing the same calls (enter and exit),
-interleaved round by round in the same run. Ratios are medians of traced / untraced
-of the neighbouring rounds; meridian's lost events (ring buffer full) are reported.
+on one file, untraced, under `meridian syscalls -w FILE.jsonl -- loop` (every call
+decoded, recorded as JSON lines and printed to /dev/null), under `meridian syscalls
+-q -w FILE.raw -- loop` (every record streamed raw to a file, nothing decoded), under
+`strace -f -e trace=openat,newfstatat,close -o /dev/null`, and under bpftrace
+printing the same calls (enter and exit), interleaved round by round in the same
+run. Ratios are medians of traced / untraced of the neighbouring rounds; meridian's
+lost events (ring buffer full) are reported.
 
 Run as root from the repository: .venv/bin/python benchmarks/syscalls_bench.py [rounds] [seconds]
 """
@@ -88,9 +90,11 @@ def main() -> int:
         base = [str(loop), str(target), seconds]
         rec = tmp / "rec.jsonl"
         (tmp / "trace.bt").write_text(BPFTRACE)
+        raw = tmp / "rec.raw"
         results: dict[str, list[float]] = {
             "untraced": [],
             "meridian": [],
+            "meridian_raw": [],
             "strace": [],
             "bpftrace": [],
         }
@@ -103,6 +107,9 @@ def main() -> int:
                 m, err = run_loop([*MERIDIAN, "-w", str(rec), "--", *base])
                 found = re.search(r"(\d+ events, .*)", err)
                 lost.append(found.group(1) if found else err.strip())
+                mr, err = run_loop([*MERIDIAN, "-q", "-w", str(raw), "--", *base])
+                found = re.search(r"(\d+ events recorded.*)", err)
+                lost.append(found.group(1) if found else err.strip())
                 st, _ = run_loop([*strace, *base])
                 bt = subprocess.Popen(
                     ["bpftrace", str(tmp / "trace.bt")], stdout=devnull, stderr=subprocess.DEVNULL
@@ -113,13 +120,19 @@ def main() -> int:
                 bt.wait()
                 u2, _ = run_loop(base)
                 u = (u1 + u2) / 2
-                for k, v in (("untraced", u), ("meridian", m), ("strace", st), ("bpftrace", b)):
+                for k, v in (
+                    ("untraced", u),
+                    ("meridian", m),
+                    ("meridian_raw", mr),
+                    ("strace", st),
+                    ("bpftrace", b),
+                ):
                     results[k].append(v)
                     if k != "untraced":
                         ratios[k].append(v / u)
                 print(
-                    f"round {r + 1}: untraced {u:.0f}/s meridian {m:.0f}/s strace {st:.0f}/s "
-                    f"bpftrace {b:.0f}/s; meridian: {lost[-1]}",
+                    f"round {r + 1}: untraced {u:.0f}/s meridian {m:.0f}/s raw {mr:.0f}/s "
+                    f"strace {st:.0f}/s bpftrace {b:.0f}/s; meridian: {lost[-2]}; raw: {lost[-1]}",
                     flush=True,
                 )
     print(
@@ -129,10 +142,12 @@ def main() -> int:
     print("iterations/s (openat+fstat+close = 3 calls, 6 events), median of rounds:")
     for k, rates in results.items():
         ratio = f"  ratio {statistics.median(ratios[k]):.3f}" if k in ratios else ""
-        print(f"  {k:<9} {statistics.median(rates):>10.0f}{ratio}")
+        print(f"  {k:<12} {statistics.median(rates):>10.0f}{ratio}")
     rm, rs = statistics.median(ratios["meridian"]), statistics.median(ratios["strace"])
     rb = statistics.median(ratios["bpftrace"])
     print(f"meridian / strace: {rm / rs:.1f}x;  meridian / bpftrace: {rm / rb:.2f}x")
+    rr = statistics.median(ratios["meridian_raw"])
+    print(f"meridian -q -w raw / strace: {rr / rs:.1f}x;  / bpftrace: {rr / rb:.2f}x")
     return 0
 
 

@@ -410,7 +410,6 @@ static __always_inline void account(struct fileio_inflight *st, __u32 op, __u64 
 	ev->ino = ino;
 	ev->disk_latency_ns = dl ? dl->latency_ns : 0;
 	ev->disk_requests = dl ? dl->requests : 0;
-	ev->pad = 0;
 	ev->dev = dev;
 	ev->pid = key.pid;
 	ev->tid = (__u32)pid_tgid;

@@ -78,7 +78,6 @@ struct fileio_event {
 	__u32 op;		/* enum io_op */
 	__u32 cached;
 	__u32 disk_requests;	/* those block requests */
-	__u32 pad;
 	char comm[IO_COMM_LEN];
 };
 

@@ -3,9 +3,11 @@
  *
  * The start carries the raw arguments, up to two user strings (paths) and the path of
  * an fd argument, resolved here from the task's fd table; the end carries the result.
+ * A record is built in a per-CPU buffer and copied to the ring at its real length
+ * (strings packed behind the header), so the ring and a recording carry no padding.
  * A string that cannot be read at entry (its page not faulted in yet) is read again
  * at exit and sent with the end. Syscall set, PID set (with children followed) and
- * our own process are filtered here.
+ * our own process, cgroup and process name (--comm) are filtered here.
  *
  * Two strategies, picked at run time by autoload:
  *   btf_*: tp_btf raw syscall tracepoints (pt_regs and the id/result);
@@ -25,6 +27,11 @@ const volatile __u32 self_tgid = 0;		/* never trace the tracer */
 const volatile bool filter_cgroup = false;	/* only tasks in this cgroup (v2 id) */
 const volatile __u64 cgroup_id = 0;
 const volatile __u64 wakeup_bytes = 1;
+/* --comm: the process name contains comm_pat (ASCII case folded when comm_fold). */
+const volatile bool filter_comm = false;
+const volatile bool comm_fold = false;
+const volatile __u32 comm_pat_len = 0;
+const volatile char comm_pat[SYSCALLS_COMM_LEN] = {};
 
 __u64 next_index = 0;
 
@@ -69,6 +76,14 @@ struct {
 	__type(value, struct path_buf);
 } scratch SEC(".maps");
 
+/* The record being built: entry 0 for starts, 1 for ends. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct syscalls_buf);
+} bufs SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 24);
@@ -84,6 +99,33 @@ EXPORT_RECORD(syscalls_event);
 			__sync_fetch_and_add(&c->field, 1);                 \
 	} while (0)
 
+static __always_inline char fold(char c)
+{
+	return comm_fold && c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c;
+}
+
+/* Does the current task's name contain comm_pat? */
+static __always_inline bool comm_matches(void)
+{
+	char comm[SYSCALLS_COMM_LEN] = {};
+	__u32 i, j, n = comm_pat_len;
+
+	if (n == 0 || n >= SYSCALLS_COMM_LEN)
+		return true;
+	bpf_get_current_comm(comm, sizeof(comm));
+	for (i = 0; i + n < SYSCALLS_COMM_LEN; i++) {
+		for (j = 0; j < n; j++) {
+			if (fold(comm[(i + j) & (SYSCALLS_COMM_LEN - 1)]) != comm_pat[j & (SYSCALLS_COMM_LEN - 1)])
+				break;
+		}
+		if (j == n)
+			return true;
+		if (!comm[i & (SYSCALLS_COMM_LEN - 1)])
+			break;
+	}
+	return false;
+}
+
 /* The calling task's syscall, if it is traced: its meta, else NULL. */
 static __always_inline struct syscalls_meta *traced(long id, __u32 tgid)
 {
@@ -98,6 +140,8 @@ static __always_inline struct syscalls_meta *traced(long id, __u32 tgid)
 	if (filter_pids && !bpf_map_lookup_elem(&pids, &tgid))
 		return NULL;
 	if (filter_cgroup && bpf_get_current_cgroup_id() != cgroup_id)
+		return NULL;
+	if (filter_comm && !comm_matches())
 		return NULL;
 	return meta;
 }
@@ -179,8 +223,9 @@ static long write_down(__u64 k, struct walk_ctx *c)
 	return 0;
 }
 
-/* The path of an fd (crossing mounts, at most SYSCALLS_PATH_DEPTH names) into `out`. */
-static __always_inline bool fd_path(int fd, char *out)
+/* The path of an fd (crossing mounts, at most SYSCALLS_PATH_DEPTH names) into `out`
+ * (room for SYSCALLS_PATH_LEN bytes): its length with the NUL, 0 if none. */
+static __always_inline long fd_path(int fd, char *out)
 {
 	struct file *f = fd_file(fd);
 	struct walk_ctx c = {};
@@ -188,10 +233,10 @@ static __always_inline bool fd_path(int fd, char *out)
 	__u32 zero = 0;
 
 	if (!f)
-		return false;
+		return 0;
 	pb = bpf_map_lookup_elem(&scratch, &zero);
 	if (!pb)
-		return false;
+		return 0;
 	c.d = BPF_CORE_READ(f, f_path.dentry);
 	c.mnt = container_of(BPF_CORE_READ(f, f_path.mnt), struct mount, mnt);
 	bpf_loop(SYSCALLS_PATH_DEPTH + 16, walk_up, &c, 0);
@@ -204,29 +249,72 @@ static __always_inline bool fd_path(int fd, char *out)
 	if (c.off > SYSCALLS_PATH_LEN - 1)
 		c.off = SYSCALLS_PATH_LEN - 1;
 	pb->buf[c.off & (SYSCALLS_PATH_LEN - 1)] = 0;
-	bpf_probe_read_kernel(out, SYSCALLS_PATH_LEN, pb->buf);
-	return true;
+	return bpf_probe_read_kernel_str(out, SYSCALLS_PATH_LEN, pb->buf);
 }
 
-/* Read the string arguments selected by `want` (bits); returns the bits read. */
-static __always_inline __u8 read_strings(struct syscalls_event *e,
-					 const struct syscalls_meta *meta, __u8 want)
+/* Bytes of b->data in use: bounded for the verifier (each string takes at most 256). */
+static __always_inline __u32 bound(__u32 off)
 {
+	return off > 2 * SYSCALLS_STR_LEN ? 2 * SYSCALLS_STR_LEN : off;
+}
+
+/* Read the string arguments selected by `want` (bits) behind the header; returns the
+ * bits read and sets *off past them. */
+static __always_inline __u8 read_strings(struct syscalls_buf *b,
+					 const struct syscalls_meta *meta, __u8 want, __u32 *off)
+{
+	struct syscalls_event *e = &b->ev;
 	__u8 ok = 0;
+	long n;
 	int s;
 
 	for (s = 0; s < 2; s++) {
 		int pos = meta->str_pos[s];
 
+		e->str_len[s & 1] = 0;
 		if (pos < 0 || pos >= 6 || !(want & (1 << s)))
 			continue;
-		if (bpf_probe_read_user_str(e->str[s], SYSCALLS_STR_LEN,
-					    (const void *)e->args[pos & 7]) > 0)
+		n = bpf_probe_read_user_str(&b->data[bound(*off)], SYSCALLS_STR_LEN,
+					    (const void *)e->args[pos & 7]);
+		if (n > 0 && n <= SYSCALLS_STR_LEN) {
 			ok |= 1 << s;
-		else
-			e->str[s][0] = 0;
+			e->str_len[s & 1] = n;
+			*off = bound(*off) + n;
+		}
 	}
 	return ok;
+}
+
+/* No room for a record of any size: the event is dropped (and counted) before any
+ * work is spent on its strings and fd path, so an overloaded ring stays cheap. */
+static __always_inline bool ring_full(void)
+{
+	__u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	__u64 size = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
+
+	if (avail + sizeof(struct syscalls_buf) + 8 <= size)
+		return false;
+	__sync_fetch_and_add(&next_index, 1);
+	COUNT(lost);
+	return true;
+}
+
+/* Copy the record to the ring at its length (header + `off` bytes of strings). */
+static __always_inline void send(struct syscalls_buf *b, __u32 off)
+{
+	__u64 flags = BPF_RB_NO_WAKEUP;
+	__u32 len = off;
+
+	if (len > SYSCALLS_DATA_LEN)
+		len = SYSCALLS_DATA_LEN;
+	b->ev.index = __sync_fetch_and_add(&next_index, 1);
+	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
+		flags = BPF_RB_FORCE_WAKEUP;
+	if (bpf_ringbuf_output(&events, b, sizeof(b->ev) + len, flags)) {
+		COUNT(lost);
+		return;
+	}
+	COUNT(events);
 }
 
 static __always_inline void on_enter(long id, const __u64 *args)
@@ -235,19 +323,18 @@ static __always_inline void on_enter(long id, const __u64 *args)
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
 	struct syscalls_meta *meta = traced(id, tgid);
 	struct syscalls_event *e;
-	__u64 index;
+	struct syscalls_buf *b;
+	__u32 key = 0, off = 0;
 	__u8 want = 0, failed;
+	long n;
 	int pos;
 
-	if (!meta || skip_for_fd(meta, args))
+	if (!meta || skip_for_fd(meta, args) || ring_full())
 		return;
-	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	index = __sync_fetch_and_add(&next_index, 1);
-	if (!e) {
-		COUNT(lost);
+	b = bpf_map_lookup_elem(&bufs, &key);
+	if (!b)
 		return;
-	}
-	e->index = index;
+	e = &b->ev;
 	e->ts_ns = bpf_ktime_get_ns();
 	e->pid = tgid;
 	e->tid = tid;
@@ -255,13 +342,14 @@ static __always_inline void on_enter(long id, const __u64 *args)
 	e->kind = SYSCALLS_START;
 	e->ret = 0;
 	e->pad = 0;
+	e->pad2 = 0;
 	__builtin_memcpy(e->args, args, sizeof(e->args));
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
 	if (meta->str_pos[0] >= 0)
 		want |= 1;
 	if (meta->str_pos[1] >= 0)
 		want |= 2;
-	e->str_ok = want ? read_strings(e, meta, want) : 0;
+	e->str_ok = read_strings(b, meta, want, &off);
 	failed = want & ~e->str_ok;
 	if (failed) {
 		COUNT(str_failed);
@@ -269,11 +357,18 @@ static __always_inline void on_enter(long id, const __u64 *args)
 			COUNT(retry_full);
 	}
 	e->fd_ok = 0;
+	e->fd_len = 0;
 	pos = meta->fd_pos;
-	if (pos >= 0 && pos < 6)
-		e->fd_ok = fd_path((int)args[pos & 7], e->fd_path);
-	COUNT(events);
-	ringbuf_submit_lazy(&events, e, wakeup_bytes);
+	if (pos >= 0 && pos < 6) {
+		off = bound(off);
+		n = fd_path((int)args[pos & 7], &b->data[off]);
+		if (n > 0 && n <= SYSCALLS_PATH_LEN) {
+			e->fd_ok = 1;
+			e->fd_len = n;
+			off += n;
+		}
+	}
+	send(b, off);
 }
 
 static __always_inline void regs_args(struct pt_regs *regs, __u64 *args)
@@ -293,9 +388,10 @@ static __always_inline void on_exit(long id, long ret, struct pt_regs *regs)
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
 	struct syscalls_meta *meta = traced(id, tgid);
 	struct syscalls_event *e;
+	struct syscalls_buf *b;
 	__u64 args[6] = {};
 	__u8 *again = NULL;
-	__u64 index;
+	__u32 key = 1, off = 0;
 
 	if (!meta)
 		return;
@@ -305,15 +401,15 @@ static __always_inline void on_exit(long id, long ret, struct pt_regs *regs)
 		return;
 	if (meta->str_pos[0] >= 0)
 		again = bpf_map_lookup_elem(&retry, &tid);
-	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	index = __sync_fetch_and_add(&next_index, 1);
-	if (!e) {
-		COUNT(lost);
+	if (ring_full()) {
 		if (again)
 			bpf_map_delete_elem(&retry, &tid);
 		return;
 	}
-	e->index = index;
+	b = bpf_map_lookup_elem(&bufs, &key);
+	if (!b)
+		return;
+	e = &b->ev;
 	e->ts_ns = bpf_ktime_get_ns();
 	e->pid = tgid;
 	e->tid = tid;
@@ -323,19 +419,21 @@ static __always_inline void on_exit(long id, long ret, struct pt_regs *regs)
 	e->str_ok = 0;
 	e->fd_ok = 0;
 	e->pad = 0;
+	e->pad2 = 0;
+	e->str_len[0] = e->str_len[1] = 0;
+	e->fd_len = 0;
 	__builtin_memcpy(e->args, args, sizeof(e->args));
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
 	if (again) {
 		/* After a successful exec the old image (and its strings) is gone. */
 		if (!(ret == 0 && (id == 59 || id == 322))) {
-			e->str_ok = read_strings(e, meta, *again);
+			e->str_ok = read_strings(b, meta, *again, &off);
 			if (e->str_ok)
 				COUNT(str_retried);
 		}
 		bpf_map_delete_elem(&retry, &tid);
 	}
-	COUNT(events);
-	ringbuf_submit_lazy(&events, e, wakeup_bytes);
+	send(b, off);
 }
 
 /* Runs in the forking task: its tgid is the parent process. */

@@ -8,6 +8,7 @@
 #define SYSCALLS_STR_LEN 256		/* one user string argument (a path) */
 #define SYSCALLS_PATH_LEN 256		/* an fd's path, resolved in the kernel */
 #define SYSCALLS_PATH_DEPTH 32		/* dentries walked up from an fd's file (a power of 2) */
+#define SYSCALLS_DATA_LEN 1024		/* room behind the header: str[0], str[1], fd_path */
 
 enum syscalls_kind {
 	SYSCALLS_START,		/* sys_enter: the arguments */
@@ -35,8 +36,11 @@ struct syscalls_counters {
 	__u64 pids_full;	/* child processes not followed: PID set full */
 };
 
-/* One start or end event. Every event takes the next index, dropped ones too, so a
- * gap in the indices is a drop. */
+/* One start or end event: this fixed header, then `str_len[0]` bytes of the first
+ * string argument, `str_len[1]` of the second and `fd_len` of the fd's path, packed
+ * (each NUL-terminated, a length of 0 when absent), so a record is as long as what it
+ * carries (112 bytes without strings, not 872). Every event takes the next index,
+ * dropped ones too, so a gap in the indices is a drop. */
 struct syscalls_event {
 	__u64 index;
 	__u64 ts_ns;		/* CLOCK_MONOTONIC */
@@ -44,14 +48,21 @@ struct syscalls_event {
 	__u32 tid;
 	__u32 nr;		/* syscall number */
 	__u8 kind;		/* enum syscalls_kind */
-	__u8 str_ok;		/* bit i: str[i] holds the string argument at meta str_pos[i] */
-	__u8 fd_ok;		/* fd_path holds the path of the fd argument */
+	__u8 str_ok;		/* bit i: str i holds the string argument at meta str_pos[i] */
+	__u8 fd_ok;		/* the fd's path follows */
 	__u8 pad;
 	__s64 ret;		/* end: the result */
 	__u64 args[6];		/* start (and an end that re-read a string): raw arguments */
 	char comm[SYSCALLS_COMM_LEN];
-	char str[2][SYSCALLS_STR_LEN];
-	char fd_path[SYSCALLS_PATH_LEN];
+	__u16 str_len[2];	/* bytes of each string behind the header, NUL included */
+	__u16 fd_len;		/* bytes of the fd's path behind the strings, NUL included */
+	__u16 pad2;
+};
+
+/* Where a record is built before it is copied to the ring at its real length. */
+struct syscalls_buf {
+	struct syscalls_event ev;
+	char data[SYSCALLS_DATA_LEN];
 };
 
 #endif

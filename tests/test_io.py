@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,9 @@ import pytest
 
 from meridian.bpf import BpfObject, object_path
 from meridian.errors import UsageError
+from meridian.tools import io_format
 from meridian.tools.io import EventFormatter, parse_pids, summarize
+from meridian.tools.io_format import CHUNK
 
 if not object_path("io").exists():
     pytest.skip("BPF objects not built (make bpf)", allow_module_level=True)
@@ -48,7 +51,8 @@ def test_json_lines_are_valid_json_with_every_field(tmp_path: Path) -> None:
     assert lines[0]["wall_time"].endswith("Z") and len(lines[0]["wall_time"]) == 27
     assert set(lines[0]) == {
         "pid", "tid", "comm", "op", "fd", "file", "bytes", "bytes_requested", "disk_bytes",
-        "latency_ns", "cached", "io_wait_ns", "timestamp_ns", "wall_time",
+        "latency_ns", "cached", "io_wait_ns", "disk_latency_ns", "disk_requests",
+        "timestamp_ns", "wall_time",
     }  # fmt: skip
     assert fmt.json_lines(ev[:0]) == ""
 
@@ -139,3 +143,112 @@ def test_cgroup_id_paths(tmp_path: Path) -> None:
     empty.write_text("")
     with pytest.raises(UsageError, match="no cgroup2"):
         cgroup_id("/a", str(empty))
+
+
+def random_events(n: int, seed: int = 0) -> np.ndarray[Any, Any]:
+    ev_dt, _, _ = dtypes()
+    rng = np.random.default_rng(seed)
+    ev = np.zeros(n, dtype=ev_dt)
+    k = rng.integers(0, 9, n)
+    ev["pid"], ev["tid"], ev["fd"] = 100 + k, 200 + k % 4, np.where(k == 8, -1, 3 + k % 3)
+    ev["comm"] = np.array([b"dd", b'q"uote', b"\xc3\xa9t\xc3\xa9", b"x" * 16])[k % 4]
+    ev["op"], ev["cached"] = k % 2, rng.integers(0, 2, n)
+    ev["dev"], ev["ino"] = (8 << 20) | (k % 2), 1000 + k
+    ev["bytes"] = rng.integers(0, 1 << 40, n)
+    ev["bytes_requested"] = 1 << 20
+    ev["disk_bytes"] = np.where(ev["cached"] == 1, 0, ev["bytes"])
+    ev["latency_ns"] = rng.integers(0, 1 << 62, n, dtype=np.uint64)
+    ev["io_wait_ns"] = rng.integers(0, 10, n)
+    ev["ts_ns"] = 10**12 + np.cumsum(rng.integers(0, 3 * 10**8, n, dtype=np.uint64))
+    return ev
+
+
+def reference(fmt: EventFormatter, e: Any) -> dict[str, Any]:
+    """One event the slow, obvious way."""
+    ts = int(e["ts_ns"])
+    wall_ns = ts + fmt.offset_ns
+    sec = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall_ns // 10**9))
+    return {
+        "pid": int(e["pid"]),
+        "tid": int(e["tid"]),
+        "comm": e["comm"].decode(errors="replace"),
+        "op": "write" if e["op"] else "read",
+        "fd": int(e["fd"]),
+        "file": f"8:{int(e['dev']) & 0xFFFFF}:{int(e['ino'])}",
+        "bytes": int(e["bytes"]),
+        "bytes_requested": int(e["bytes_requested"]),
+        "disk_bytes": int(e["disk_bytes"]),
+        "latency_ns": int(e["latency_ns"]),
+        "cached": bool(e["cached"]),
+        "io_wait_ns": int(e["io_wait_ns"]),
+        "disk_latency_ns": int(e["disk_latency_ns"]),
+        "disk_requests": int(e["disk_requests"]),
+        "timestamp_ns": ts,
+        "wall_time": f"{sec}.{wall_ns % 10**9 // 1000:06d}Z",
+    }
+
+
+@pytest.mark.parametrize("n", [1, 7, CHUNK, CHUNK + 5, 3 * CHUNK - 1])
+def test_json_lines_equal_the_obvious_per_event_json(tmp_path: Path, n: int) -> None:
+    ev = random_events(n, seed=n)
+    fmt = EventFormatter(proc_root=str(tmp_path))
+    text = fmt.json_lines(ev)
+    assert text.endswith("\n") and text.count("\n") == n
+    lines = text.splitlines()
+    assert [json.loads(x) for x in lines] == [reference(fmt, e) for e in ev]
+    # The same events twice in a row: the caches change nothing.
+    assert fmt.json_lines(ev) == text
+
+
+def test_json_lines_one_value_per_column_and_unknown_fields(tmp_path: Path) -> None:
+    """Constant columns are folded into the template; a record field this module does
+    not know appears under its own name."""
+    ev_dt, _, _ = dtypes()
+    extra = np.dtype([*ev_dt.descr, ("queue_ns", "<u8")])
+    ev = np.zeros(3, dtype=extra)
+    ev["pid"], ev["comm"], ev["bytes"], ev["queue_ns"] = 5, b"a", 4096, [1, 2, 2]
+    lines = [json.loads(x) for x in EventFormatter(str(tmp_path)).json_lines(ev).splitlines()]
+    assert [x["queue_ns"] for x in lines] == [1, 2, 2]
+    assert all(x["bytes"] == 4096 and x["cached"] is False for x in lines)
+    assert list(lines[0])[-3:] == ["queue_ns", "timestamp_ns", "wall_time"]
+
+
+def test_hash_collision_falls_back_to_exact_identities(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every identity hashed alike: the check catches it and each event keeps its own."""
+    ev = random_events(50)
+    monkeypatch.setattr(io_format, "_M1", np.uint64(0))
+    monkeypatch.setattr(io_format, "_M2", np.uint64(0))
+    monkeypatch.setattr(io_format, "_M3", np.uint64(0))
+    monkeypatch.setattr(io_format, "_M4", np.uint64(0))
+    ev["pid"] = 1  # pid << 32 | tid is the only part left
+    ev["tid"] = 2
+    fmt = EventFormatter(proc_root=str(tmp_path))
+    lines = [json.loads(x) for x in fmt.json_lines(ev).splitlines()]
+    assert lines == [reference(fmt, e) for e in ev]
+
+
+def test_string_caches_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(io_format, "CACHE_MAX", 10)
+    fmt = EventFormatter(proc_root=str(tmp_path))
+    for i in range(100):
+        fmt.path(i, 3, 1, i)
+        fmt.comm(str(i).encode())
+    assert max(fmt.cache_sizes().values()) <= 10
+
+
+def test_text_lines_are_aligned_columns(tmp_path: Path) -> None:
+    ev = random_events(3)
+    fmt = EventFormatter(proc_root=str(tmp_path))
+    lines = fmt.text_lines(ev).splitlines()
+    assert len(lines) == 3
+    for line, e in zip(lines, ev, strict=True):
+        ref = reference(fmt, e)
+        cells = line.split()
+        assert line[:15] == ref["wall_time"][11:26]
+        assert int(cells[-8 if len(cells) == 10 else -7]) in (ref["pid"], ref["tid"])
+        assert cells[-1] == ref["file"]
+        assert line[16:32].rstrip() == ref["comm"]
+        assert f" {ref['latency_ns'] / 1e6:9.3f} " in line
+        assert (" C " if ref["cached"] else " D ") in line

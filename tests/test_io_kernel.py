@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -251,70 +250,6 @@ def test_cli_events_with_paths_and_summary(tmp_path: Path) -> None:
     assert {e["pid"] for e in events} == {child.pid}
     assert len(summary) == 1 and summary[0]["read"]["ops"] == 3
     assert summary[0]["read"]["bytes"] == 3 * 4096
-
-
-def _scrape(port: int) -> dict[str, float]:
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            key = s.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
-            out[key] = s.value
-    return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_prometheus_endpoint_reads_the_maps(tmp_path: Path) -> None:
-    path = tmp_path / "prom.bin"
-    path.write_bytes(os.urandom(3 * 4096))
-    child = _child(path)
-    port = _free_port()
-    try:
-        proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "meridian", "io", "-v", "--no-events"),
-                *("-p", str(child.pid), "--prometheus", f"127.0.0.1:{port}"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stderr is not None
-        while "strategy:" not in (line := proc.stderr.readline()):
-            assert line, "meridian io exited before attaching"
-        _go(child)
-        got = _scrape(port)
-        proc.terminate()
-        proc.wait(30)
-        proc.stderr.close()
-        _end(child)
-    finally:
-        _kill(child)
-    key = [k for k in got if k.startswith("meridian_io_operations_total{")]
-    assert len(key) == 1 and f"pid={child.pid}" in key[0], key
-    assert got[key[0]] == 3
-    assert got[key[0].replace("operations_total", "bytes_total")] == 3 * 4096
-    assert got[key[0].replace("operations_total", "latency_seconds_count")] == 3
-    assert got["meridian_io_lost_total{reason=events_lost}"] == 0
-
-
-def test_prometheus_port_in_use_is_one_line_exit_2() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        r = _cli("--prometheus", f"127.0.0.1:{s.getsockname()[1]}", "--duration", "1")
-    assert r.returncode == 2
-    assert len(r.stderr.strip().splitlines()) == 1 and "cannot listen" in r.stderr
 
 
 def test_cgroup_filter_in_the_kernel(tmp_path: Path) -> None:

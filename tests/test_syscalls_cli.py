@@ -68,6 +68,7 @@ def test_unknown_syscall_is_one_line_with_close_matches(
         (["-p", "abc"], "-p takes process ids, got 'abc'"),
         (["--filter", "(", "--regex", "-r", "x"], "bad regular expression '('"),
         (["-r", "x", "-w", "y"], "-r replays a recording: it takes no command and no -w"),
+        (["-q"], "-q records only: it needs -w FILE"),
         (["-e", "read", "--all"], "give either -e SYSCALLS or --all, not both"),
         (["--duration", "0"], "--duration must be greater than 0"),
     ],

@@ -188,11 +188,13 @@ def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:
     src.write_bytes(CONTENT)
     a.write_text("x")
     command = [str(prog), str(src), str(missing), str(a), str(tmp / "b")]
+    rec = tmp / "tui.raw"
     with Capture(Options(command=command)) as cap:
         launcher = Launcher(command)
+        recorder = cap.recorder(str(rec), [], raw=True)
         try:
             cap.add_pid(launcher.pid)
-            app = SyscallsApp(_CaptureFeed(cap, None), live=True)
+            app = SyscallsApp(_CaptureFeed(cap, recorder), live=True, spill=str(rec))
 
             async def main() -> None:
                 async with app.run_test(size=(160, 30)) as pilot:
@@ -213,6 +215,11 @@ def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:
             assert launcher.poll() == 0
         finally:
             launcher.kill()
+            recorder.close()
+    # the raw recording the TUI made holds every event it showed
+    from meridian.syscalls.recording import read_events
+
+    assert [sc.index for sc in read_events(rec)] == [sc.index for sc in app.agg.log]
 
 
 def test_cgroup_filter(tmp_path: Path) -> None:
@@ -256,3 +263,54 @@ def test_cgroup_filter(tmp_path: Path) -> None:
                 p.kill()
                 p.wait()
         cg.rmdir()
+
+
+def test_raw_recording_replays_like_live(prog: Path, tmp_path: Path) -> None:
+    """-w with a name that is not .jsonl records the kernel's records raw; the replay
+    gives the same calls, paths, fd paths and pairing as the live view; -q records
+    only."""
+    tmp = tmp_path.resolve()
+    src, missing, a, b = tmp / "input.txt", tmp / "missing.txt", tmp / "a", tmp / "b"
+    src.write_bytes(CONTENT)
+    a.write_text("x")
+    args = [str(prog), str(src), str(missing), str(a), str(b)]
+    rec = tmp / "rec.raw.zst"
+    live = meridian("--json", "-w", str(rec), "--", *args)
+    assert live.returncode == 0, live.stderr
+    assert " 0 lost" in live.stderr and "events recorded" in live.stderr
+    rows = _json_lines(live.stdout)
+    assert any(r.get("fd_path") == str(src) and r["syscall"] == "read" for r in rows)
+    again = meridian("-r", str(rec), "--json")
+    assert again.returncode == 0, again.stderr
+    key = lambda r: r["index"]  # noqa: E731
+    assert sorted(_json_lines(again.stdout), key=key) == sorted(rows, key=key)
+
+    b.rename(a)
+    quiet = meridian("-q", "-w", str(tmp / "q.raw"), "--", *args)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout == ""
+    n = int(quiet.stderr.split(" events recorded")[0].rsplit(" ", 1)[-1])
+    full = _json_lines(meridian("-r", str(tmp / "q.raw"), "--json", "--full").stdout)
+    assert len(full) == n == len({r["index"] for r in full}) > 20
+    indices = sorted(r["index"] for r in full)
+    assert indices == list(range(indices[0], indices[0] + n))  # no gap: nothing lost
+
+
+def test_comm_is_filtered_in_the_kernel(prog: Path, tmp_path: Path) -> None:
+    """--comm: the kernel sends only the events of matching process names (a lower
+    case pattern matches any case), so the recording holds no other."""
+    tmp = tmp_path.resolve()
+    src, a = tmp / "input.txt", tmp / "a"
+    src.write_bytes(CONTENT)
+    upper = tmp / "MyProg"
+    shutil.copy(prog, upper)
+    run = f"{upper} {src} {tmp}/none {a} {tmp}/b; {prog} {src} {tmp}/none {a} {tmp}/b; true"
+    rec = tmp / "rec.raw"
+    live = meridian("--comm", "myprog", "-q", "-w", str(rec), "--", "/bin/sh", "-c", run)
+    assert live.returncode == 0, live.stderr
+    full = _json_lines(meridian("-r", str(rec), "--json", "--full").stdout)
+    assert full and {r["comm"] for r in full} == {"MyProg"}
+    assert any(r.get("paths") == [str(src)] for r in full)
+    # the kernel skipped the others: no index is taken by them, nothing was lost
+    assert "0 lost" in live.stderr
+    assert sorted(r["index"] for r in full) == list(range(len(full)))

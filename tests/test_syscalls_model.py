@@ -221,6 +221,42 @@ def test_compact_log_merges_and_updates_live() -> None:
     assert compact.row_of_index(9) == 0 and compact.row_of_index(1) == 1
 
 
+def test_dropping_the_front_keeps_positions_and_views_in_step() -> None:
+    agg = Aggregator()
+    compact = CompactLog(agg.log)
+    failed = FilteredLog(compact, ResultFilter([]))
+    changes: list[tuple[str, int]] = []
+    failed.on_change(lambda what, row: changes.append((what, row)))
+    agg.add(start(0, "cat", 7, "openat", ('"/a"',)))
+    agg.add(end(1, "cat", 7, "openat", -2, "-2 ENOENT"))
+    agg.add(start(2, "ls", 8, "stat", ('"/b"',)))  # still open at the cut
+    agg.add(start(3, "cat", 7, "openat", ('"/c"',)))
+    agg.add(end(4, "cat", 7, "openat", -2, "-2 ENOENT"))
+    assert [compact[p].index for p in failed.visible] == [0, 3]
+    agg.drop_before(3)
+    log = agg.log
+    assert (log.first, len(log), [sc.index for sc in log]) == (3, 5, [3, 4])
+    assert log[3].index == 3 and log.position(0) == -1
+    with pytest.raises(IndexError):
+        log[2]
+    assert compact.first == 2 and [r.index for r in compact] == [3]
+    assert failed.visible == [2] and changes[-1] == ("dropped", 1)
+    assert failed[0].index == 3
+    agg.add(end(5, "ls", 8, "stat", 0))  # its start was dropped: an end on its own
+    assert log[5].start_index == -1 and [r.index for r in compact] == [3, 5]
+
+
+def test_text_filter_sees_a_row_change_after_it_was_matched() -> None:
+    """Rows keep their joined text for the next filter; a start that gets its end
+    (its result "?" becomes "") is matched on its new text."""
+    agg = Aggregator()
+    still_open = FilteredLog(agg.log, TextFilter("?"))
+    agg.add(start(0, "cat", 7, "openat", ('"/a"',)))
+    assert still_open.visible == [0] and agg.log[0].hay is not None
+    agg.add(end(1, "cat", 7, "openat", 3, "3"))
+    assert still_open.visible == []
+
+
 def test_compact_of_a_full_log_built_earlier() -> None:
     agg = Aggregator()
     agg.add(start(0, "a", 1, "close", ("3",)))

@@ -15,11 +15,11 @@ pytest.importorskip("textual")
 
 from rich.text import Text
 from textual.coordinate import Coordinate
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from meridian.syscalls import Syscall
 from meridian.syscalls.recording import Recorder, read_events
-from meridian.tools.syscalls_tui import COLUMNS, HIGHLIGHT, ListFeed, SyscallsApp
+from meridian.tools.syscalls_tui import COLUMNS, HIGHLIGHT, CallTable, ListFeed, SyscallsApp
 
 T0 = 1_700_000_000_000_000_000
 
@@ -57,8 +57,8 @@ def run_app(app: SyscallsApp, body: Callable[[Any, SyscallsApp], Awaitable[None]
     asyncio.run(main())
 
 
-def table(app: SyscallsApp) -> DataTable[Any]:
-    return app.query_one(DataTable)
+def table(app: SyscallsApp) -> CallTable:
+    return app.query_one(CallTable)
 
 
 def cell(app: SyscallsApp, row: int, col: str) -> Any:
@@ -166,3 +166,25 @@ def test_main_screen_snapshot() -> None:
         assert svg == SNAPSHOT.read_text()
 
     run_app(SyscallsApp(ListFeed(events()), live=False), body)
+
+
+def test_memory_cap_drops_the_oldest_and_says_so() -> None:
+    """Past --max-rows the oldest tenth of the events leaves memory (with the rows made
+    from them); a call open after the cut still pairs; the status bar says how many
+    left and names the recording that has them."""
+    evs = events()
+    feed = ListFeed(evs[:5])  # 0 openat, 1 stat, 2 stat end, 3 openat end, 4 openat
+
+    async def body(pilot: Any, app: SyscallsApp) -> None:
+        assert app.dropped == 2  # 5 > 4: down to 3 (4 * 9 // 10)
+        assert [sc.index for sc in app.agg.log] == [2, 3, 4]
+        assert column(app, "#") == ["4"]  # the calls of 0 and 1 went with their starts
+        status = str(app.query_one("#status", Static).render())
+        assert "2 older events dropped from memory (in rec.raw)" in status
+        feed._events = evs[5:]
+        await pilot.pause(0.2)
+        assert app.dropped == 4 and [sc.index for sc in app.agg.log] == [4, 5, 6]
+        assert column(app, "#") == ["4", "6"]
+        assert column(app, "result") == ["-2 ENOENT", "?"]  # 4 paired with its end 5
+
+    run_app(SyscallsApp(feed, live=True, max_rows=4, spill="rec.raw"), body)

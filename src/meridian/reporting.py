@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO, TypeVar
 
 from .errors import UsageError
+from .export import exporting
 from .output import JsonWriter
 
 __all__ = ["pid_arg", "positive_number", "report_loop", "run_histograms"]
@@ -104,9 +105,11 @@ def run_histograms(
     report_text: Callable[[Any, Any, TextIO], None],
 ) -> int:
     """Attach a histogram tool's `session` and print its reports (text or JSON lines)
-    per `opts` (interval, count, duration, json, verbose) until done or Ctrl-C."""
+    per `opts` (interval, count, duration, json, verbose) until done or Ctrl-C; with
+    `opts.export`, the exporters read `tool.metrics()` meanwhile."""
     json_out = JsonWriter(out) if opts.json else None
-    with session as tool:
+    export = getattr(opts, "export", None)
+    with session as tool, exporting(export, tool.metrics, tool.name):
         strategy = tool.strategy
         if opts.verbose:
             print(f"strategy: {strategy.name} ({', '.join(strategy.programs)})", file=sys.stderr)

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-__all__ = ["direct_io", "page_touch", "pingpong", "spin"]
+__all__ = ["direct_io", "file_io", "page_touch", "pingpong", "spin"]
 
 PAGE = mmap.PAGESIZE
 
@@ -45,6 +45,39 @@ def direct_io(path: str, seconds: float, block: int = 4096, file_size: int = 16 
                 time.sleep(0.002)  # a light load: a demo, not a benchmark
     finally:
         os.close(fd)
+    return done
+
+
+def file_io(path: str, seconds: float, block: int = 64 << 10, period: float = 0.1) -> int:
+    """A light mix for `meridian io --workload`: every `period`, a buffered write and a
+    cached read back of `block` bytes; every fifth round an fsync and an O_DIRECT 4 KiB
+    read (a disk read, where the file system allows O_DIRECT). Returns operations done."""
+    data = os.urandom(block)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        direct: int | None = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        direct = None  # tmpfs and some others refuse O_DIRECT
+    buf = mmap.mmap(-1, 4096)
+    done = rounds = 0
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            off = (rounds % 64) * block
+            os.pwrite(fd, data, off)
+            os.pread(fd, block, off)
+            done += 2
+            if rounds % 5 == 4:
+                os.fsync(fd)
+                if direct is not None:
+                    os.preadv(direct, [buf], off)
+                    done += 1
+            rounds += 1
+            time.sleep(period)
+    finally:
+        os.close(fd)
+        if direct is not None:
+            os.close(direct)
     return done
 
 
@@ -144,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("direct-io", help="O_DIRECT 4 KiB reads and writes on a temporary file")
     d.add_argument("--seconds", type=float, default=10.0)
     d.add_argument("--dir", default="/var/tmp")
+    fi = sub.add_parser("file-io", help="buffered writes, cached reads, fsync, O_DIRECT reads")
+    fi.add_argument("--seconds", type=float, default=10.0)
+    fi.add_argument("--dir", default="/var/tmp")
     t = sub.add_parser("page-touch", help="touch fresh anonymous memory page by page")
     t.add_argument("--mb", type=int, default=64, help="region size in MiB")
     t.add_argument("--seconds", type=float, help="repeat for this long")
@@ -169,6 +205,16 @@ def main(argv: list[str] | None = None) -> int:
     elif args.name == "pingpong":
         trips = pingpong(args.seconds)
         print(json.dumps({"round_trips": trips}), flush=True)
+    if args.name == "file-io":
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so the file is removed
+        fd, path = tempfile.mkstemp(prefix="meridian-io-", dir=args.dir)
+        os.close(fd)
+        try:
+            file_io(path, args.seconds)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            os.unlink(path)
     if args.name == "direct-io":
         fd, path = tempfile.mkstemp(prefix="meridian-io-", dir=args.dir)
         os.close(fd)

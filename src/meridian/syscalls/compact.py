@@ -4,6 +4,7 @@ and a start without an end stays an open row until its end arrives."""
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 
 from .log import Log, Notifier
@@ -15,6 +16,7 @@ __all__ = ["CompactLog", "merge"]
 def merge(start: Syscall, end: Syscall | None) -> Syscall:
     """The compact row of a start and (if seen) its end."""
     row = start.copy()
+    row.hay = None
     row.is_start, row.is_end, row.start_index = True, False, start.index
     if end is not None:
         row.is_end = True
@@ -31,16 +33,33 @@ class CompactLog(Notifier):
         super().__init__()
         self.full = full
         self.rows: list[Syscall] = []
+        self._src: list[int] = []  # full-log position of each row (its start's)
         self._row_of: dict[int, int] = {}  # full-log position of a start -> row
-        full.subscribe(self._on_appended, self._on_modified)
-        for pos in range(len(full)):
+        full.subscribe(self._on_appended, self._on_modified, self._on_dropped)
+        self.first = 0
+        for pos in range(full.first, len(full)):
             self._on_appended(pos)
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self.first + len(self.rows)
 
     def __getitem__(self, pos: int) -> Syscall:
-        return self.rows[pos]
+        if pos < self.first:
+            raise IndexError(f"row {pos} was dropped (oldest held: {self.first})")
+        return self.rows[pos - self.first]
+
+    def _on_dropped(self, full_first: int) -> None:
+        """The full log dropped its rows before `full_first`: so do the rows made
+        from them."""
+        n = bisect.bisect_left(self._src, full_first)
+        if n == 0:
+            return
+        for pos in self._src[:n]:
+            self._row_of.pop(pos, None)
+        del self.rows[:n]
+        del self._src[:n]
+        self.first += n
+        self._emit_dropped(self.first)
 
     def __iter__(self) -> Iterator[Syscall]:
         return iter(self.rows)
@@ -48,20 +67,21 @@ class CompactLog(Notifier):
     def _on_appended(self, pos: int) -> None:
         sc = self.full[pos]
         if sc.is_start:
-            self._row_of[pos] = len(self.rows)
+            self._row_of[pos] = len(self)
             self.rows.append(merge(sc, self._end_of(sc)))
         elif sc.start_index < 0:
             self.rows.append(sc.copy())
         else:
             return  # joins its start's row (announced by the start's `modified`)
-        self._emit_appended(len(self.rows) - 1)
+        self._src.append(pos)
+        self._emit_appended(len(self) - 1)
 
     def _on_modified(self, pos: int) -> None:
         row = self._row_of.get(pos)
         if row is None:
             return
         start = self.full[pos]
-        self.rows[row] = merge(start, self._end_of(start))
+        self.rows[row - self.first] = merge(start, self._end_of(start))
         self._emit_modified(row)
 
     def _end_of(self, start: Syscall) -> Syscall | None:
@@ -80,4 +100,4 @@ class CompactLog(Notifier):
             pos = self.full.position(sc.start_index)
         if pos in self._row_of:
             return self._row_of[pos]
-        return next((i for i, r in enumerate(self.rows) if r.index == index), -1)
+        return next((self.first + i for i, r in enumerate(self.rows) if r.index == index), -1)

@@ -10,7 +10,7 @@ from .numbers import NUMBERS
 from .record import Syscall
 from .signatures import string_positions
 
-__all__ = ["EV_END", "EV_START", "batch_to_syscalls", "to_syscall"]
+__all__ = ["EV_END", "EV_START", "to_syscall"]
 
 EV_START, EV_END = 0, 1  # enum syscalls_kind
 
@@ -58,32 +58,3 @@ def to_syscall(rec: Any, wall_offset_ns: int) -> Syscall:
         sc.have_result = True
         sc.result_text = decode_result(name, sc.result)
     return sc
-
-
-_FIELDS = (
-    "index",
-    "ts_ns",
-    "pid",
-    "tid",
-    "nr",
-    "kind",
-    "str_ok",
-    "fd_ok",
-    "ret",
-    "args",
-    "comm",
-    "str",
-    "fd_path",
-)
-
-
-def batch_to_syscalls(recs: Any, wall_offset_ns: int) -> list[Syscall]:
-    """`to_syscall` over a numpy array of records, reading each column once (numpy
-    scalar access per field costs more than the rest of the decoding)."""
-    if not len(recs):
-        return []
-    cols = [recs[f].tolist() for f in _FIELDS]
-    return [
-        to_syscall(dict(zip(_FIELDS, row, strict=True)), wall_offset_ns)
-        for row in zip(*cols, strict=True)
-    ]

@@ -13,7 +13,9 @@ from .record import Syscall
 
 __all__ = ["FilteredLog"]
 
-Changed = Callable[[str, int], None]  # ("appended" | "inserted" | "modified" | "removed", row)
+# ("appended" | "inserted" | "modified" | "removed", row), or ("dropped", how many
+# rows left the front of the view: every row number moved down by that much)
+Changed = Callable[[str, int], None]
 
 
 class FilteredLog:
@@ -22,8 +24,13 @@ class FilteredLog:
         self.filter = flt
         self.visible: list[int] = []  # positions in source, ascending
         self._listeners: list[Changed] = []
-        source.subscribe(self._on_appended, self._on_modified)
+        source.subscribe(self._on_appended, self._on_modified, self._on_dropped)
         self.set_filter(flt)
+
+    def close(self) -> None:
+        """Stop following the source (a view being replaced)."""
+        self.source.unsubscribe(self._on_appended)
+        self._listeners.clear()
 
     def on_change(self, f: Changed) -> None:
         self._listeners.append(f)
@@ -34,7 +41,13 @@ class FilteredLog:
 
     def set_filter(self, flt: Filter | None) -> None:
         self.filter = flt
-        self.visible = [p for p in range(len(self.source)) if self._accepts(p)]
+        self.visible = [p for p in range(self.source.first, len(self.source)) if self._accepts(p)]
+
+    def narrow(self, flt: Filter | None) -> None:
+        """`set_filter` for a filter that accepts a subset of what the current one
+        accepts: only the visible rows are checked again."""
+        self.filter = flt
+        self.visible = [p for p in self.visible if self._accepts(p)]
 
     def _accepts(self, pos: int) -> bool:
         return self.filter is None or self.filter.matches(self.source[pos], self.source)
@@ -58,6 +71,12 @@ class FilteredLog:
         """Visible row of source position `pos`, -1 if filtered out."""
         i = bisect.bisect_left(self.visible, pos)
         return i if i < len(self.visible) and self.visible[i] == pos else -1
+
+    def _on_dropped(self, first: int) -> None:
+        n = bisect.bisect_left(self.visible, first)
+        if n:
+            del self.visible[:n]
+            self._emit("dropped", n)
 
     def _on_appended(self, pos: int) -> None:
         if self._accepts(pos):

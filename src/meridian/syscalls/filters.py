@@ -73,6 +73,8 @@ class TextFilter:
     ) -> None:
         self.rx = compile_pattern(pattern, regex)
         self.fields = tuple(fields)
+        self.pattern = pattern
+        self.regex = regex
 
     def get_matches(self, sc: Syscall, source: Source) -> list[Match]:
         out: list[Match] = []
@@ -81,7 +83,27 @@ class TextFilter:
         return out
 
     def matches(self, sc: Syscall, source: Source) -> bool:
+        if not self.regex:  # one search over the fields joined: a literal has no newline
+            if self.fields != TEXT_FIELDS:
+                return (
+                    self.rx.search("\n".join([field_text(sc, f) for f in self.fields])) is not None
+                )
+            hay = sc.hay
+            if hay is None:  # built once per row, kept for the next filter
+                hay = sc.hay = "\n".join([field_text(sc, f) for f in TEXT_FIELDS])
+            return self.rx.search(hay) is not None
         return any(self.rx.search(field_text(sc, f)) for f in self.fields)
+
+    def narrows(self, other: TextFilter | None) -> bool:
+        """Does every row this filter accepts pass `other` too (a literal containing
+        `other`'s literal)? Then it need only look at the rows `other` accepted."""
+        return (
+            other is not None
+            and not self.regex
+            and not other.regex
+            and self.fields == other.fields
+            and other.pattern in self.pattern
+        )
 
 
 class SyscallFilter:

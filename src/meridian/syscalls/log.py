@@ -1,9 +1,11 @@
 """The full Log (Mortadelo's log.cs) and the Aggregator (aggregator.cs) that pairs
 each end with the start pending on the same thread.
 
-A Log is a list of rows addressed by position, with two notifications: `appended`
-(a new row) and `modified` (an older row changed: a start got its end_index, or its
-path arguments were read at exit). Views (CompactLog, FilteredLog) listen to them.
+A Log is a list of rows addressed by position, with three notifications: `appended`
+(a new row), `modified` (an older row changed: a start got its end_index, or its
+path arguments were read at exit) and `dropped` (the rows before a position left
+memory: positions stay absolute, `first` is the oldest one still held, so dropping
+costs what is dropped, not what is kept). Views (CompactLog, FilteredLog) listen.
 """
 
 from __future__ import annotations
@@ -19,33 +21,50 @@ Listener = Callable[[int], None]
 
 
 class Source(Protocol):
-    """What a view needs from the log under it (full or compact)."""
+    """What a view needs from the log under it (full or compact). Positions run from
+    `first` (older ones were dropped) to len() - 1."""
+
+    first: int
 
     def __len__(self) -> int: ...
 
     def __getitem__(self, pos: int) -> Syscall: ...
 
-    def subscribe(self, appended: Listener, modified: Listener) -> None: ...
+    def subscribe(
+        self, appended: Listener, modified: Listener, dropped: Listener | None = None
+    ) -> None: ...
+
+    def unsubscribe(self, appended: Listener) -> None: ...
 
     def result_row(self, sc: Syscall) -> Syscall | None: ...
 
 
 class Notifier:
     def __init__(self) -> None:
-        self._appended: list[Listener] = []
-        self._modified: list[Listener] = []
+        self._subs: list[tuple[Listener, Listener, Listener | None]] = []
+        self.first = 0
 
-    def subscribe(self, appended: Listener, modified: Listener) -> None:
-        self._appended.append(appended)
-        self._modified.append(modified)
+    def subscribe(
+        self, appended: Listener, modified: Listener, dropped: Listener | None = None
+    ) -> None:
+        self._subs.append((appended, modified, dropped))
+
+    def unsubscribe(self, appended: Listener) -> None:
+        """Stop notifying the listener that subscribed with `appended`."""
+        self._subs = [s for s in self._subs if s[0] != appended]
 
     def _emit_appended(self, pos: int) -> None:
-        for f in self._appended:
+        for f, _, _ in self._subs:
             f(pos)
 
     def _emit_modified(self, pos: int) -> None:
-        for f in self._modified:
+        for _, f, _ in self._subs:
             f(pos)
+
+    def _emit_dropped(self, first: int) -> None:
+        for _, _, f in self._subs:
+            if f is not None:
+                f(first)
 
 
 class Log(Notifier):
@@ -57,13 +76,26 @@ class Log(Notifier):
         self._pos: dict[int, int] = {}
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self.first + len(self.rows)
 
     def __getitem__(self, pos: int) -> Syscall:
-        return self.rows[pos]
+        if pos < self.first:
+            raise IndexError(f"row {pos} was dropped (oldest held: {self.first})")
+        return self.rows[pos - self.first]
 
     def __iter__(self) -> Iterator[Syscall]:
         return iter(self.rows)
+
+    def drop_before(self, pos: int) -> None:
+        """Forget the rows before position `pos`."""
+        n = min(pos, len(self)) - self.first
+        if n <= 0:
+            return
+        for sc in self.rows[:n]:
+            self._pos.pop(sc.index, None)
+        del self.rows[:n]
+        self.first += n
+        self._emit_dropped(self.first)
 
     def position(self, index: int) -> int:
         """Row position of event `index`, -1 if not in the log."""
@@ -71,10 +103,10 @@ class Log(Notifier):
 
     def by_index(self, index: int) -> Syscall | None:
         pos = self._pos.get(index, -1)
-        return self.rows[pos] if pos >= 0 else None
+        return self.rows[pos - self.first] if pos >= 0 else None
 
     def append(self, sc: Syscall) -> int:
-        pos = len(self.rows)
+        pos = len(self)
         self.rows.append(sc)
         self._pos[sc.index] = pos
         self._emit_appended(pos)
@@ -137,6 +169,7 @@ class Aggregator:
             start.args, start.paths = sc.args, sc.paths
         if sc.fd_path and not start.fd_path:
             start.fd_path = sc.fd_path
+        start.hay = None
         log.modified(start_pos)
 
     def _take_start(self, end: Syscall) -> int:
@@ -152,6 +185,12 @@ class Aggregator:
                     del self.pending[tid]
                     return p
         return -1
+
+    def drop_before(self, pos: int) -> None:
+        """Bound memory: the log forgets its rows before `pos`; a call still open
+        there is forgotten too (its end, if it comes, has no start)."""
+        self.pending = {tid: p for tid, p in self.pending.items() if p >= pos}
+        self.log.drop_before(pos)
 
     def open_calls(self) -> list[Syscall]:
         """Starts still waiting for their end (for the in-progress panel)."""

@@ -36,6 +36,9 @@ class Syscall:
     result_text: str = ""  # decoded result ("3", "-2 ENOENT", "0x7f..."), "" if none
     duration_ns: int = -1  # compact rows: end - start; -1 when unknown
     raw: tuple[int, ...] = field(default=(), compare=False)
+    # the text fields joined, for text filters (filters.TextFilter); None: not built
+    # yet, or the row changed since (whoever changes a row after it is logged clears it)
+    hay: str | None = field(default=None, compare=False, repr=False)
 
     def copy(self) -> Syscall:
         """A shallow copy (faster than dataclasses.replace on the hot path)."""

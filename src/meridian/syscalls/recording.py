@@ -1,25 +1,44 @@
-"""Record (-w) and replay (-r): every event as one JSON object per line after a header
-line naming the format and its version; a name ending in .zst is compressed with the
-zstd program. Replay feeds the same events to a fresh Aggregator, so it pairs exactly
-as live capture did. A truncated or foreign file is an error naming the line."""
+"""Record (-w) and replay (-r). A recording starts with a header line (JSON) naming
+the format and its version; a name ending in .zst is compressed with the zstd program
+(a separate process, so compression runs beside the capture). Two encodings:
+
+- version 1, JSON lines (files named *.jsonl or *.json): every event as one JSON
+  object per line (decoded Syscall fields). Readable by anything; costs a decode and
+  an encode per event while capturing, so it keeps up with tens of thousands of
+  events per second, not hundreds of thousands.
+- version 2, raw (any other name): after the header line (which holds the record
+  layout from BTF and the offset from CLOCK_MONOTONIC to wall time), the kernel's
+  ring buffer records unchanged, in the chunks the reader drained (see `raw.py`).
+  Capture only copies bytes, so it keeps up with the kernel; decoding happens on
+  replay.
+
+Replay feeds the same events to a fresh Aggregator, so it pairs exactly as live
+capture did. A truncated or foreign file is an error naming the line (JSON) or the
+record and byte offset (raw)."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
+
 from ..errors import UsageError
 from ..output import dumps, iso_now
+from .raw import decode_frames, dtype_from_json, dtype_to_json, frames
 from .record import Syscall
 
-__all__ = ["FORMAT", "VERSION", "Recorder", "read_events"]
+__all__ = ["FORMAT", "RAW_VERSION", "VERSION", "Recorder", "is_jsonl_name", "read_events"]
 
 FORMAT = "meridian-syscalls"
-VERSION = 1
+VERSION = 1  # JSON lines
+RAW_VERSION = 2  # raw kernel records
+_BLOCK = 4 << 20  # raw replay reads this much at a time
+_HEADER_MAX = 1 << 20
 
 _FIELDS = {
     "i": "index",
@@ -81,41 +100,72 @@ def decode(d: dict[str, Any]) -> Syscall:
     return Syscall(**kw)
 
 
-class Recorder:
-    """Writes the header, then `write(sc)` per event, as they arrive (not paired)."""
+def is_jsonl_name(path: str | Path) -> bool:
+    """Recordings named *.jsonl / *.json (optionally .zst) are JSON lines; others raw."""
+    return str(path).removesuffix(".zst").endswith((".jsonl", ".json"))
 
-    def __init__(self, path: str | Path, tool_args: list[str] | None = None) -> None:
+
+class Recorder:
+    """Writes the header, then `write(sc)` per event (JSON lines) or `write_raw(chunk)`
+    per drained run of ring buffer records (raw, when `raw_dtype` is given)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        tool_args: list[str] | None = None,
+        raw_dtype: np.dtype[Any] | None = None,
+        wall_offset_ns: int = 0,
+    ) -> None:
         self.path = Path(path)
+        self.raw = raw_dtype is not None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._raw: IO[bytes] | None = None
+        self._file: IO[bytes] | None = None
         if self.path.suffix == ".zst":
-            self._raw = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+            self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
             self._proc = subprocess.Popen(
-                [_zstd(), "-q", "-c"], stdin=subprocess.PIPE, stdout=self._raw
+                [_zstd(), "-q", "-c", "-3"], stdin=subprocess.PIPE, stdout=self._file
             )
             assert self._proc.stdin is not None
             self._out: IO[bytes] = self._proc.stdin
         else:
-            self._out = open(self.path, "wb")  # noqa: SIM115 - closed in close()
-        header = {"format": FORMAT, "version": VERSION, "created": iso_now()}
+            self._out = open(self.path, "wb", buffering=1 << 20)  # noqa: SIM115
+        header: dict[str, Any] = {
+            "format": FORMAT,
+            "version": RAW_VERSION if raw_dtype is not None else VERSION,
+            "created": iso_now(),
+        }
+        if raw_dtype is not None:
+            header["encoding"] = "ring buffer records: u32 len, u32 pad, record, 8-aligned"
+            header["record"] = dtype_to_json(raw_dtype)
+            header["wall_offset_ns"] = wall_offset_ns
         if tool_args is not None:
             header["args"] = tool_args
         self._line(header)
         self.count = 0
+        self.bytes = 0
 
     def _line(self, obj: dict[str, Any]) -> None:
         self._out.write(dumps(obj).encode() + b"\n")
 
     def write(self, sc: Syscall) -> None:
+        assert not self.raw, "a raw recording takes write_raw()"
         self._line(encode(sc))
         self.count += 1
+
+    def write_raw(self, chunk: bytes, records: int) -> None:
+        """Framed records as drained from the ring (RingBuffer.drain_bytes)."""
+        assert self.raw, "a JSON lines recording takes write()"
+        if chunk:
+            self._out.write(chunk)
+            self.count += records
+            self.bytes += len(chunk)
 
     def close(self) -> None:
         self._out.close()
         if self._proc is not None:
             self._proc.wait()
-        if self._raw is not None:
-            self._raw.close()
+        if self._file is not None:
+            self._file.close()
 
     def __enter__(self) -> Recorder:
         return self
@@ -124,22 +174,28 @@ class Recorder:
         self.close()
 
 
-def _lines(path: Path) -> Iterator[bytes]:
+def _open(path: Path) -> tuple[IO[bytes], Callable[[bool], None]]:
+    """The recording's bytes (decompressed), and the close to call at its end (which
+    checks that zstd succeeded when asked to)."""
     if path.suffix == ".zst":
         proc = subprocess.Popen(
             [_zstd(), "-q", "-d", "-c", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         assert proc.stdout is not None
-        yield from proc.stdout
-        proc.stdout.close()
-        assert proc.stderr is not None
-        err = proc.stderr.read().decode(errors="replace").strip()
-        proc.stderr.close()
-        if proc.wait() != 0:
-            raise UsageError(f"{path}: zstd could not decompress it ({err or 'error'})")
-        return
-    with open(path, "rb") as f:
-        yield from f
+
+        def done(check: bool) -> None:
+            assert proc.stdout is not None and proc.stderr is not None
+            proc.stdout.close()
+            if not check:
+                proc.kill()
+            err = proc.stderr.read().decode(errors="replace").strip()
+            proc.stderr.close()
+            if proc.wait() != 0 and check:
+                raise UsageError(f"{path}: zstd could not decompress it ({err or 'error'})")
+
+        return proc.stdout, done
+    f = open(path, "rb")  # noqa: SIM115 - closed by done()
+    return f, lambda check: f.close()
 
 
 def read_events(path: str | Path) -> Iterator[Syscall]:
@@ -147,36 +203,87 @@ def read_events(path: str | Path) -> Iterator[Syscall]:
     p = Path(path)
     if not p.exists():
         raise UsageError(f"recording {p} does not exist")
-    n = 0
-    for n, line in enumerate(_lines(p), 1):
-        truncated = not line.endswith(b"\n")
-        try:
-            obj = json.loads(line)
-            if not isinstance(obj, dict):
-                raise ValueError("not an object")
-        except ValueError:
-            what = "truncated" if truncated else "not a JSON object"
-            raise UsageError(f"{p}: line {n} is {what}: the recording is damaged") from None
-        if n == 1:
-            if obj.get("format") != FORMAT:
-                raise UsageError(
-                    f"{p}: line 1 is not a meridian syscalls header "
-                    "(recorded by another tool?): record with meridian syscalls -w"
-                )
-            if obj.get("version") != VERSION:
-                raise UsageError(
-                    f"{p}: line 1: format version {obj.get('version')!r}, "
-                    f"this meridian reads version {VERSION}"
-                )
-            continue
+    stream, done = _open(p)
+    ok = False
+    try:
+        first = stream.readline(_HEADER_MAX)
+        if not first:
+            raise UsageError(f"{p}: line 1: empty file, not a meridian syscalls recording")
+        header = _parse(p, 1, first)
+        if header.get("format") != FORMAT:
+            raise UsageError(
+                f"{p}: line 1 is not a meridian syscalls header "
+                "(recorded by another tool?): record with meridian syscalls -w"
+            )
+        version = header.get("version")
+        if version == RAW_VERSION:
+            yield from _raw_events(p, header, len(first), stream)
+        elif version == VERSION:
+            yield from _json_events(p, stream)
+        else:
+            raise UsageError(
+                f"{p}: line 1: format version {version!r}, "
+                f"this meridian reads versions {VERSION} and {RAW_VERSION}"
+            )
+        ok = True
+    finally:
+        done(ok)
+
+
+def _parse(p: Path, n: int, line: bytes) -> dict[str, Any]:
+    truncated = not line.endswith(b"\n")
+    try:
+        obj = json.loads(line)
+        if not isinstance(obj, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        what = "truncated" if truncated else "not a JSON object"
+        raise UsageError(f"{p}: line {n} is {what}: the recording is damaged") from None
+    return obj
+
+
+def _json_events(p: Path, stream: IO[bytes]) -> Iterator[Syscall]:
+    for n, line in enumerate(stream, 2):
+        obj = _parse(p, n, line)
         missing = [k for k in _REQUIRED if k not in obj]
         if missing:
             raise UsageError(f"{p}: line {n} is not a syscall event (no {', '.join(missing)})")
-        if truncated:
+        if not line.endswith(b"\n"):
             raise UsageError(f"{p}: line {n} is truncated: the recording is damaged")
         try:
             yield decode(obj)
         except TypeError as exc:
             raise UsageError(f"{p}: line {n} has a bad field: {exc}") from None
-    if n == 0:
-        raise UsageError(f"{p}: line 1: empty file, not a meridian syscalls recording")
+
+
+def _raw_events(p: Path, header: dict[str, Any], at: int, stream: IO[bytes]) -> Iterator[Syscall]:
+    """Raw records after the header line; `at`: the byte offset of the first one."""
+    try:
+        dtype = dtype_from_json(header.get("record"))
+    except ValueError as exc:
+        raise UsageError(f"{p}: line 1: {exc}") from None
+    offset = int(header.get("wall_offset_ns", 0))
+    pending = b""
+    n = 0
+    while True:
+        block = stream.read(_BLOCK)
+        buf = pending + block if pending else block
+        if not buf:
+            return
+        fr = frames(buf)
+        if len(fr) and min(fr.lengths) < dtype.itemsize:
+            raise UsageError(
+                f"{p}: record {n + 1} (byte {at}) is shorter than a record header: "
+                "the recording is damaged"
+            )
+        for i in range(0, len(fr), 8192):
+            yield from decode_frames(fr, dtype, offset, i, i + 8192)
+        n += len(fr)
+        pending = buf[fr.used :]
+        at += fr.used
+        if not block:
+            if pending:
+                raise UsageError(
+                    f"{p}: record {n + 1} (byte {at}) is truncated: the recording is damaged"
+                )
+            return

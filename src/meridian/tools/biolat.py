@@ -23,6 +23,7 @@ import numpy as np
 from .. import proc
 from ..bpf import BpfObject, RingBuffer, Strategy, choose, hook_exists, object_path
 from ..errors import UsageError
+from ..export import ExportOptions, Family, HistPoint, Point, add_arguments, exporting, from_args
 from ..hist import Log2Hist, slot_bounds
 from ..output import JsonWriter, fmt_bytes, iso_now, print_table
 from ..reporting import positive_number, report_loop
@@ -61,6 +62,7 @@ class Options:
     workload: bool = False
     verbose: bool = False
     ring_bytes: int = 4 << 20  # slow-I/O ring buffer (a power of two, >= one page)
+    export: ExportOptions | None = None
 
     @property
     def unit(self) -> str:
@@ -115,7 +117,10 @@ class Snapshot:
 
 
 class Biolat:
-    """The loaded programs; `snapshot()` reads the maps, `events()` the slow requests."""
+    """The loaded programs; `snapshot()` reads the maps, `events()` the slow requests,
+    `metrics()` the maps again, for export."""
+
+    name = "biolat"
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
@@ -198,6 +203,47 @@ class Biolat:
             time.sleep(max(timeout, 0))
             return np.empty(0)
         return self.ring.poll(timeout)
+
+    def metrics(self) -> list[Family]:
+        return series(self.snapshot(), self.opts)
+
+
+def series(snap: Snapshot, opts: Options) -> list[Family]:
+    """The exported families (cumulative since attach), per device and op, after the
+    semantic conventions' `system.disk.*` metrics, plus the latency histograms."""
+    nbytes = Family("system.disk.io", "counter", "By", "Bytes transferred by block requests")
+    ops = Family("system.disk.operations", "counter", "{operation}", "Block requests completed")
+    optime = Family(
+        "system.disk.operation_time", "counter", "s", "Sum of the time each request took"
+    )
+    lat = Family(
+        "system.disk.operation.duration",
+        "histogram",
+        "s",
+        "Block request latency (issue, or insert with -Q, to completion)",
+    )
+    queue = Family(
+        "system.disk.queue.duration", "histogram", "s", "Time requests waited in the OS queue"
+    )
+    lost = Family("meridian.biolat.lost", "counter", "{request}", "Requests not counted, by reason")
+    for kind, fam in ((KIND_LATENCY, lat), (KIND_QUEUE, queue)):
+        for (dev, op), cells in _group(snap, kind, True).items():
+            a: dict[str, str | int | bool] = {
+                "system.device": _disk(dev),
+                "disk.io.direction": OPS[min(op, len(OPS) - 1)],
+            }
+            h = _merged(cells, opts.unit)
+            total = sum(c.sum for _, c in cells)
+            top = max(c.max for _, c in cells)
+            fam.points.append(HistPoint(a, h.slots, opts.unit_ns * 1e-9, total / 1e9, top / 1e9))
+            if kind == KIND_LATENCY:
+                nbytes.points.append(Point(a, sum(c.bytes for _, c in cells)))
+                ops.points.append(Point(a, h.total))
+                optime.points.append(Point(a, total / 1e9))
+    for reason, n in snap.counters.items():
+        if reason not in INFO_COUNTERS:
+            lost.points.append(Point({"reason": reason}, n))
+    return [nbytes, ops, optime, lat, queue, lost]
 
 
 # ---- views ---------------------------------------------------------------------------
@@ -475,6 +521,7 @@ EXAMPLES = """examples:
   meridian biolat --slow 10       # stream each request slower than 10 ms
   meridian biolat --json 1        # one JSON object per second
   meridian biolat --workload 10 1 # demo: a small O_DIRECT workload, one 10 s report
+  meridian biolat --prometheus :9435   # per-disk histograms on /metrics, read on scrape
 """
 
 
@@ -503,6 +550,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--workload", action="store_true", help="run a small built-in disk workload")
     p.add_argument("-v", "--verbose", action="store_true", help="libbpf and strategy detail")
+    add_arguments(p)
     return p
 
 
@@ -538,6 +586,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         strategy=args.strategy,
         workload=args.workload,
         verbose=args.verbose,
+        export=from_args(args),
     )
 
 
@@ -567,7 +616,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_options(opts: Options, out: TextIO) -> int:
     json_out = JsonWriter(out) if opts.json else None
-    with Biolat(opts) as tool:
+    with Biolat(opts) as tool, exporting(opts.export, tool.metrics, tool.name):
         if opts.verbose:
             print(f"strategy: {tool.strategy.name} ({', '.join(tool.selected)})", file=sys.stderr)
         if not opts.json:

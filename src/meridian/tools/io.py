@@ -10,22 +10,25 @@ as numpy columns and leave as JSON lines (or aligned text) without a dict per ev
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import os
+import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import numpy as np
 
-from .. import proc
 from ..bpf import BpfObject, RingBuffer, Strategy, choose, hook_exists, object_path
 from ..errors import UsageError
+from ..export import Exporters, ExportOptions, add_arguments, exporting, from_args
 from ..hist import Log2Hist
 from ..output import JsonWriter, fmt_bytes, print_table
 from ..system import ensure_ready
+from .io_format import TEXT_HEADER, EventFormatter
+from .io_metrics import io_source
 
 __all__ = [
     "STRATEGIES",
@@ -74,17 +77,6 @@ SIGNALS = ("tp_page_added", "tp_bio_queue", "tp_sched_switch")
 # Block requests by submitting process and their device latency (block_io_start: 6.5+).
 BLOCK = ("tp_io_start", "tp_rq_issue", "tp_rq_complete")
 
-try:
-    import orjson
-
-    def _json_str(s: str) -> str:
-        return orjson.dumps(s).decode()
-
-except ImportError:  # the json extra is optional
-
-    def _json_str(s: str) -> str:
-        return json.dumps(s)
-
 
 @dataclass
 class Options:
@@ -98,8 +90,15 @@ class Options:
     duration: float | None = None
     strategy: str | None = None
     max_pids: int = 8192
-    prometheus: tuple[str, int] | None = None
+    export: ExportOptions | None = None
     verbose: bool = False
+    # The agent side: PID table, --top, demo workload (io_table.py, io_top.py).
+    interval: float = 1.0  # seconds between reads of the aggregate map
+    grace: float = 30.0  # seconds an exited process stays before it is retired
+    max_series: int | None = None  # --max-pids: rows of their own, then comm, then other
+    top: bool = False
+    sort: str = "bytes"
+    workload: bool = False
 
 
 # ---- the kernel side -----------------------------------------------------------------
@@ -298,132 +297,6 @@ def summarize(keys: np.ndarray[Any, Any], vals: np.ndarray[Any, Any]) -> dict[in
     return dict(sorted(out.items()))
 
 
-# ---- events --------------------------------------------------------------------------
-
-TEMPLATE = (
-    '{"pid":%d,"tid":%d,"comm":%s,"op":"%s","fd":%d,"file":%s,"bytes":%d,'
-    '"bytes_requested":%d,"disk_bytes":%d,"latency_ns":%d,"cached":%s,'
-    '"io_wait_ns":%d,"timestamp_ns":%d,"wall_time":"%s.%06dZ"}'
-)
-TEXT_HEADER = (
-    f"{'TIME':<15} {'COMM':<16} {'PID':>7} {'TID':>7} {'OP':<5} {'BYTES':>8} "
-    f"{'LAT(ms)':>9} {'C':<1} {'DISK':>8} {'FILE'}"
-)
-
-
-class EventFormatter:
-    """Numpy columns of `fileio_event` to JSON lines or text, one batch at a time.
-    Strings (comm, file) are JSON-escaped once per distinct value and cached."""
-
-    def __init__(self, proc_root: str = "/proc") -> None:
-        self.proc_root = proc_root
-        self.offset_ns = time.time_ns() - time.monotonic_ns()
-        self._comm: dict[bytes, str] = {}
-        self._path: dict[tuple[int, int, int, int], str] = {}  # pid, fd, dev, ino
-        self._ino: dict[tuple[int, int], str] = {}  # dev, ino (any process)
-
-    def comm(self, raw: bytes) -> str:
-        s = self._comm.get(raw)
-        if s is None:
-            s = self._comm[raw] = _json_str(raw.decode(errors="replace"))
-        return s
-
-    def path(self, pid: int, fd: int, dev: int, ino: int) -> str:
-        """The file's path from /proc/PID/fd/FD when it still names that inode, else a
-        path seen before for the inode, else MAJOR:MINOR:INODE. JSON-escaped."""
-        key = (pid, fd, dev, ino)
-        s = self._path.get(key)
-        if s is not None:
-            return s
-        found = None
-        if fd >= 0:
-            link = f"{self.proc_root}/{pid}/fd/{fd}"
-            try:
-                st = os.stat(link)
-                if st.st_ino == ino:
-                    found = os.readlink(link)
-            except OSError:
-                pass
-        if found is None:
-            cached = self._ino.get((dev, ino))
-            if cached is not None:
-                self._path[key] = cached
-                return cached
-            found = f"{proc.dev_major(dev)}:{proc.dev_minor(dev)}:{ino}"
-            s = _json_str(found)
-        else:
-            s = _json_str(found)
-            self._ino[(dev, ino)] = s
-        self._path[key] = s
-        return s
-
-    def wall_parts(self, ts: np.ndarray[Any, Any]) -> tuple[list[str], list[int]]:
-        """ISO-8601 UTC seconds (strftime once per distinct second) and microseconds."""
-        ns = ts.astype(np.int64) + self.offset_ns
-        secs = ns // 1_000_000_000
-        lo, hi = int(secs.min()), int(secs.max())
-        if hi - lo < 4096:  # a batch spans seconds, not hours: index a small table
-            table = [time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(x)) for x in range(lo, hi + 1)]
-            heads = [table[i] for i in (secs - lo).tolist()]
-        else:
-            heads = [time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(x)) for x in secs.tolist()]
-        return heads, ((ns % 1_000_000_000) // 1000).tolist()
-
-    def wall(self, ts: np.ndarray[Any, Any]) -> list[str]:
-        heads, micros = self.wall_parts(ts)
-        return [f"{h}.{u:06d}Z" for h, u in zip(heads, micros, strict=True)]
-
-    def files(self, ev: np.ndarray[Any, Any]) -> list[str]:
-        path = self.path
-        return [
-            path(p, f, d, i)
-            for p, f, d, i in zip(
-                ev["pid"].tolist(),
-                ev["fd"].tolist(),
-                ev["dev"].tolist(),
-                ev["ino"].tolist(),
-                strict=True,
-            )
-        ]
-
-    def json_lines(self, ev: np.ndarray[Any, Any]) -> str:
-        if not len(ev):
-            return ""
-        comm = self.comm
-        cols = (
-            ev["pid"].tolist(),
-            ev["tid"].tolist(),
-            [comm(c) for c in ev["comm"].tolist()],
-            [OPS[o] for o in np.minimum(ev["op"], 1).tolist()],
-            ev["fd"].tolist(),
-            self.files(ev),
-            ev["bytes"].tolist(),
-            ev["bytes_requested"].tolist(),
-            ev["disk_bytes"].tolist(),
-            ev["latency_ns"].tolist(),
-            ["true" if c else "false" for c in ev["cached"].tolist()],
-            ev["io_wait_ns"].tolist(),
-            ev["ts_ns"].tolist(),
-            *self.wall_parts(ev["ts_ns"]),
-        )
-        return "\n".join(map(TEMPLATE.__mod__, zip(*cols, strict=True))) + "\n"
-
-    def text_lines(self, ev: np.ndarray[Any, Any]) -> str:
-        if not len(ev):
-            return ""
-        lines = []
-        walls = self.wall(ev["ts_ns"])
-        files = self.files(ev)
-        for e, w, f in zip(ev, walls, files, strict=True):
-            lines.append(
-                f"{w[11:26]:<15} {e['comm'].decode(errors='replace'):<16} {int(e['pid']):>7} "
-                f"{int(e['tid']):>7} {OPS[min(int(e['op']), 1)]:<5} {int(e['bytes']):>8} "
-                f"{int(e['latency_ns']) / 1e6:>9.3f} {'C' if e['cached'] else 'D':<1} "
-                f"{int(e['disk_bytes']):>8} {json.loads(f)}"
-            )
-        return "\n".join(lines) + "\n"
-
-
 # ---- command line --------------------------------------------------------------------
 
 EXAMPLES = """examples:
@@ -436,6 +309,10 @@ EXAMPLES = """examples:
   meridian io --min-latency 10      # only operations slower than 10 ms
   meridian io --no-events --duration 10   # metrics only: a per-PID summary after 10 s
   meridian io --no-events --prometheus :9435   # Prometheus metrics read from the maps
+  meridian io --top --sort latency  # live per-process view, slowest first (Ctrl-C ends)
+  meridian io --top --max-pids 20   # 20 busiest processes, the rest per command name
+  meridian io --workload --duration 10 --format text   # demo: a small file workload
+  meridian io --otlp-endpoint http://localhost:4317 --otlp-logs   # OTLP metrics and logs
 """
 
 
@@ -461,12 +338,26 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--disk-only", action="store_true", help="only events that reached the disk")
     p.add_argument("--no-events", action="store_true", help="metrics only, no event stream")
     p.add_argument("--duration", metavar="SECONDS", help="stop after this long")
-    p.add_argument("--max-pids", metavar="N", default="8192", help="aggregate map size")
-    p.add_argument("--prometheus", metavar="[HOST]:PORT", help="serve /metrics here (e.g. :9435)")
+    p.add_argument(
+        "--max-pids",
+        metavar="N",
+        help="at most N processes get rows of their own (--top, exports); the others are "
+        "summed per command name (at most N of those), the rest into one 'other' row",
+    )
+    p.add_argument("--top", action="store_true", help="live per-process view (needs a terminal)")
+    p.add_argument(
+        "--sort", choices=["bytes", "latency", "ops"], default="bytes", help="--top order"
+    )
+    p.add_argument("--interval", metavar="SECONDS", default="1", help="--top refresh (default 1)")
+    p.add_argument(
+        "--grace", metavar="SECONDS", default="30", help="retire exited processes after this"
+    )
+    p.add_argument("--workload", action="store_true", help="run a small built-in file workload")
     p.add_argument(
         "--strategy", choices=[s.name for s in STRATEGIES], help="force a probe strategy"
     )
     p.add_argument("-v", "--verbose", action="store_true", help="libbpf and strategy detail")
+    add_arguments(p, logs=True)
     return p
 
 
@@ -540,13 +431,12 @@ def options_from_args(args: argparse.Namespace) -> Options:
         comms.append(c)
     min_lat = _number(args.min_latency, "--min-latency", 0)
     duration = _number(args.duration, "--duration", 0.001)
-    max_pids = _number(args.max_pids, "--max-pids", 1, integer=True)
-    prom = None
-    if args.prometheus is not None:
-        host, _, port = args.prometheus.rpartition(":")
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise UsageError(f"--prometheus takes [HOST]:PORT, got {args.prometheus!r}")
-        prom = (host or "0.0.0.0", int(port))
+    max_series = _number(args.max_pids, "--max-pids", 1, integer=True)
+    interval = _number(args.interval, "--interval", 0.05) or 1.0
+    grace = _number(args.grace, "--grace", 0)
+    export = from_args(args)
+    if export.otlp_logs and (args.no_events or args.top):
+        raise UsageError("--otlp-logs sends events: it cannot go with --no-events or --top")
     return Options(
         pids=parse_pids(args.pid),
         comms=comms,
@@ -554,12 +444,20 @@ def options_from_args(args: argparse.Namespace) -> Options:
         format=args.format,
         min_latency_ns=int((min_lat or 0) * 1_000_000),
         disk_only=args.disk_only,
-        no_events=args.no_events,
         duration=duration,
         strategy=args.strategy,
-        max_pids=int(max_pids or 8192),
-        prometheus=prom,
+        # The kernel map holds up to four keys per process (op x cached).
+        max_pids=max(8192, 4 * int(max_series)) if max_series else 8192,
+        export=export,
         verbose=args.verbose,
+        interval=interval,
+        grace=30.0 if grace is None else grace,
+        max_series=int(max_series) if max_series else None,
+        top=args.top,
+        sort=args.sort,
+        # --top draws from the aggregates: no event stream, so nothing to drop.
+        no_events=args.no_events or args.top,
+        workload=args.workload,
     )
 
 
@@ -568,44 +466,94 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_options(opts: Options, out: TextIO) -> int:
+    from .io_top import check_terminal
+
+    if opts.top:
+        check_terminal(out)  # before loading anything
+    with FileIO(opts) as tool, _workload(opts.workload, opts.duration):
+        source = io_source(tool, max_series=opts.max_series)
+        with exporting(opts.export, source, "io") as exporters:
+            return _stream(tool, exporters, opts, out)
+
+
+def _stream(tool: FileIO, exporters: Exporters, opts: Options, out: TextIO) -> int:
+    """The event stream (or --top) and the PID table until the end, then the summary."""
+    from .io_table import PidTable, delete_keys
+    from .io_top import run_top
+
     fmt = EventFormatter()
-    write: Callable[[np.ndarray[Any, Any]], str] = (
-        fmt.json_lines if opts.format == "json" else fmt.text_lines
+    chunks: Callable[[np.ndarray[Any, Any]], Iterable[str]] = (
+        fmt.json_chunks if opts.format == "json" else lambda ev: (fmt.text_lines(ev),)
     )
-    with FileIO(opts) as tool:
-        server = serve_prometheus(tool, opts.prometheus) if opts.prometheus else None
-        if opts.verbose:
-            print(f"strategy: {tool.strategy.name} ({', '.join(tool.selected)})", file=sys.stderr)
-            sys.stderr.flush()
-        if opts.format == "text":
-            print("Tracing reads and writes on regular files... Hit Ctrl-C to end.", file=out)
-            if not opts.no_events:
-                print(TEXT_HEADER, file=out)
-            out.flush()
-        start = time.monotonic()
-        end = start + opts.duration if opts.duration else None
-        try:
-            while end is None or time.monotonic() < end:
-                wait = 0.05 if end is None else max(0.0, min(0.05, end - time.monotonic()))
-                recs = tool.events(wait)
-                if len(recs):
-                    out.write(write(recs))
-                    out.flush()
-        except KeyboardInterrupt:
-            pass
-        recs = tool.events(0)
-        if len(recs):
-            out.write(write(recs))
-        keys, vals = tool.stats()
-        counters = tool.counters()
-        if opts.verbose:
-            print("lost: " + " ".join(f"{k}={v}" for k, v in counters.items()), file=sys.stderr)
-        report(summarize(keys, vals), counters, time.monotonic() - start, opts, out)
+
+    def write(recs: np.ndarray[Any, Any]) -> None:
+        for text in chunks(recs):
+            out.write(text)
         out.flush()
-        if server is not None:
-            server.shutdown()
-            server.server_close()
+        if exporters.logs:
+            exporters.logs.emit_json_lines(fmt.json_lines(recs))
+
+    assert tool.obj is not None
+    stats_map = tool.obj.maps["stats"]
+    table = PidTable(time.monotonic_ns(), grace_s=opts.grace)
+
+    def retire(keys: np.ndarray[Any, Any]) -> None:
+        delete_keys(stats_map, keys)
+
+    if opts.verbose:
+        print(f"strategy: {tool.strategy.name} ({', '.join(tool.selected)})", file=sys.stderr)
+        sys.stderr.flush()
+    start = time.monotonic()
+    if opts.top:
+        run_top(tool, table, opts, out, retire)
+    if opts.format == "text" and not opts.top:
+        print("Tracing reads and writes on regular files... Hit Ctrl-C to end.", file=out)
+        if not opts.no_events:
+            print(TEXT_HEADER, file=out)
+        out.flush()
+    end = start + opts.duration if opts.duration else None
+    next_table = start + opts.interval
+    try:
+        while not opts.top and (end is None or time.monotonic() < end):
+            now = time.monotonic()
+            wait = 0.05 if end is None else max(0.0, min(0.05, end - now))
+            recs = tool.events(wait)
+            if len(recs):
+                write(recs)
+            if now >= next_table:  # the PID table: windows, retiring the exited
+                retire(table.update(*tool.stats(), time.monotonic_ns()))
+                next_table = now + opts.interval
+    except KeyboardInterrupt:
+        pass
+    recs = tool.events(0)
+    if len(recs):
+        write(recs)
+    table.update(*tool.stats(), time.monotonic_ns())
+    counters = tool.counters()
+    if opts.verbose:
+        print("lost: " + " ".join(f"{k}={v}" for k, v in counters.items()), file=sys.stderr)
+    report(table.summaries(), counters, time.monotonic() - start, opts, out, table.rolling())
+    out.flush()
     return 0
+
+
+@contextlib.contextmanager
+def _workload(on: bool, seconds: float | None) -> Iterator[None]:
+    """`--workload`: a small file workload in a child process while the tool runs."""
+    if not on:
+        yield
+        return
+    cmd = [sys.executable, "-m", "meridian.workloads", "file-io"]
+    child = subprocess.Popen([*cmd, "--seconds", str(seconds or 3600)])
+    try:
+        yield
+    finally:
+        child.terminate()
+        try:
+            child.wait(5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
 
 
 def report(
@@ -614,11 +562,18 @@ def report(
     seconds: float,
     opts: Options,
     out: TextIO,
+    rolling: dict[int, dict[str, Any]] | None = None,
 ) -> None:
+    """The per-PID summary; `rolling` (PidTable.rolling()) adds each live process's
+    1 s / 10 s / 60 s throughput per op to the JSON objects."""
     if opts.format == "json":
         w = JsonWriter(out)
         for ps in pids.values():
-            w.write(ps.as_dict(seconds))
+            d = ps.as_dict(seconds)
+            for op, windows in (rolling or {}).get(ps.pid, {}).items():
+                if op in d:
+                    d[op]["rolling"] = windows
+            w.write(d)
         w.write({"type": "lost", "seconds": round(seconds, 6), **counters})
         return
     rows = []
@@ -650,79 +605,3 @@ def report(
     lost = {k: v for k, v in counters.items() if v}
     if lost:
         print("lost: " + ", ".join(f"{k}={v}" for k, v in lost.items()), file=out)
-
-
-# ---- Prometheus ----------------------------------------------------------------------
-
-
-class IoCollector:
-    """prometheus_client's collector pattern: the kernel maps are read on each scrape."""
-
-    def __init__(self, tool: FileIO) -> None:
-        self.tool = tool
-
-    def collect(self) -> Any:
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            HistogramMetricFamily,
-        )
-
-        labels = ["pid", "comm", "op", "cached"]
-        ops = CounterMetricFamily(
-            "meridian_io_operations", "Reads and writes on regular files", labels=labels
-        )
-        nbytes = CounterMetricFamily(
-            "meridian_io", "Bytes read and written (process.disk.io)", labels=labels, unit="bytes"
-        )
-        disk = CounterMetricFamily(
-            "meridian_io_disk",
-            "Bytes that came from or went to the disk",
-            labels=labels,
-            unit="bytes",
-        )
-        wait = CounterMetricFamily(
-            "meridian_io_wait",
-            "Time asleep in I/O wait during operations",
-            labels=labels,
-            unit="seconds",
-        )
-        lat = HistogramMetricFamily(
-            "meridian_io_latency", "Operation latency", labels=labels, unit="seconds"
-        )
-        for ps in summarize(*self.tool.stats()).values():
-            for (op, cached), st in sorted(ps.cells.items()):
-                lv = [str(ps.pid), ps.comm, op, "true" if cached else "false"]
-                ops.add_metric(lv, st.ops)
-                nbytes.add_metric(lv, st.bytes)
-                disk.add_metric(lv, st.disk_bytes)
-                wait.add_metric(lv, st.io_wait_ns / 1e9)
-                buckets = [
-                    ("+Inf" if b == float("inf") else repr(b), c)
-                    for b, c in st.hist.cumulative_buckets(1e-9)
-                ]
-                lat.add_metric(lv, buckets, st.latency_sum_ns / 1e9)
-        lost = CounterMetricFamily(
-            "meridian_io_lost", "Records dropped or not matched, by reason", labels=["reason"]
-        )
-        for k, v in self.tool.counters().items():
-            lost.add_metric([k], v)
-        yield from (ops, nbytes, disk, wait, lat, lost)
-
-
-def serve_prometheus(tool: FileIO, where: tuple[str, int]) -> Any:
-    """Serve /metrics in a thread; a port in use is a one-line error (exit 2)."""
-    try:
-        from prometheus_client import CollectorRegistry, start_http_server
-    except ImportError:
-        from ..errors import ExtraMissing
-
-        raise ExtraMissing("--prometheus", "prometheus") from None
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(IoCollector(tool))
-    try:
-        server, _thread = start_http_server(where[1], addr=where[0], registry=registry)
-    except OSError as exc:
-        raise UsageError(
-            f"--prometheus cannot listen on {where[0]}:{where[1]}: {exc.strerror}"
-        ) from None
-    return server

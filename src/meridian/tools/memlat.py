@@ -24,6 +24,7 @@ import numpy as np
 
 from ..bpf import BpfObject, PerfEvent, Strategy, choose, object_path, open_per_cpu
 from ..errors import UsageError
+from ..export import ExportOptions, Family, HistPoint, Point, add_arguments, from_args
 from ..hist import Log2Hist
 from ..output import JsonWriter, iso_now, print_table
 from ..reporting import pid_arg, positive_number, run_histograms
@@ -75,6 +76,7 @@ class Options:
     output: str | None = None
     strategy: str | None = None
     verbose: bool = False
+    export: ExportOptions | None = None
 
     @property
     def unit(self) -> str:
@@ -224,7 +226,9 @@ def _us(ns: float) -> str:
 
 
 class Memlat:
-    """The loaded programs; `snapshot()` reads the maps."""
+    """The loaded programs; `snapshot()` reads the maps, `metrics()` too, for export."""
+
+    name = "memlat"
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
@@ -297,6 +301,42 @@ class Memlat:
             - inflight,
         )
         return Snapshot(time.monotonic(), cells, counters, inflight, 0.0, self.opts.unit_ns)
+
+    def metrics(self) -> list[Family]:
+        return series(self.snapshot(), self.opts)
+
+
+def series(snap: Snapshot, opts: Options) -> list[Family]:
+    """The exported families (cumulative since attach): fault counts and latency
+    histograms per type (`system.paging.type`), and per process with -P."""
+    faults = Family("system.paging.faults", "counter", "{fault}", "Page faults handled")
+    dur = Family(
+        "system.paging.fault.duration",
+        "histogram",
+        "s",
+        "Page-fault handling latency (handle_mm_fault entry to exit)",
+    )
+    tail = Family(
+        "meridian.memlat.tail",
+        "counter",
+        "{fault}",
+        f"Faults at or above the tail threshold ({opts.threshold_us:g} us)",
+    )
+    lost = Family(
+        "meridian.memlat.lost", "counter", "{fault}", "Faults not in the histograms, by reason"
+    )
+    for (pid, kind, comm), c in sorted(snap.cells.items()):
+        a: dict[str, str | int | bool] = {"system.paging.type": KINDS[kind]}
+        if opts.per_process:
+            a = {"process.pid": pid, "process.executable.name": comm, **a}
+        faults.points.append(Point(a, c.count))
+        tail.points.append(Point(a, c.tail))
+        dur.points.append(
+            HistPoint(a, c.slots, opts.unit_ns * 1e-9, c.sum_ns / 1e9, c.max_ns / 1e9)
+        )
+    for reason, n in snap.lost().items():
+        lost.points.append(Point({"reason": reason}, n))
+    return [faults, dur, tail, lost]
 
 
 def _attach_per_cpu(obj: BpfObject, prog: str, event: tuple[int, int]) -> None:
@@ -526,6 +566,7 @@ EXAMPLES = """examples:
   meridian memlat --threshold 16   # tail line counts faults >= 16 us
   meridian memlat --duration 10 -o faults.txt   # one 10 s report, also saved to a file
   meridian memlat --json 1         # one JSON object per second
+  meridian memlat -P --prometheus :9435   # histograms on /metrics, read on scrape
   meridian memlat validate         # the on/off experiment: 10 s idle, 10 s page-touch
   meridian memlat validate --seconds 3 --json
 """
@@ -557,6 +598,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--strategy", choices=[s.name for s in STRATEGIES], help="force a probe strategy"
     )
     p.add_argument("-v", "--verbose", action="store_true", help="libbpf and strategy detail")
+    add_arguments(p)
     v = p.add_argument_group("validate")
     v.add_argument("--seconds", metavar="N", help="length of each case (default 10)")
     v.add_argument("--mb", metavar="MIB", help="page-touch region size (default 256)")
@@ -590,6 +632,7 @@ def options_from_args(args: argparse.Namespace, validating: bool = False) -> Opt
         output=_output(args.output),
         strategy=args.strategy,
         verbose=args.verbose,
+        export=from_args(args),
     )
 
 
@@ -622,6 +665,8 @@ def run(args: argparse.Namespace) -> int:
         if validating:
             if args.count is not None:
                 raise UsageError(f"validate takes no count, got {args.count!r}")
+            if opts.export is not None and opts.export.any:
+                raise UsageError("validate exports nothing: drop --prometheus and --otlp-endpoint")
             secs = positive_number(args.seconds, "--seconds") or 10.0
             mb = int(positive_number(args.mb, "--mb", integer=True) or 256)
             ok, report = validate(opts, secs, mb)

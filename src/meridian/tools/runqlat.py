@@ -22,6 +22,7 @@ import numpy as np
 
 from ..bpf import BpfObject, Strategy, choose, object_path
 from ..errors import UsageError
+from ..export import ExportOptions, Family, HistPoint, Point, add_arguments, from_args
 from ..hist import Log2Hist
 from ..output import JsonWriter, iso_now, print_table
 from ..reporting import pid_arg, positive_number, run_histograms
@@ -48,6 +49,7 @@ class Options:
     json: bool = False
     strategy: str | None = None
     verbose: bool = False
+    export: ExportOptions | None = None
 
     @property
     def unit(self) -> str:
@@ -108,7 +110,9 @@ class Snapshot:
 
 
 class Runqlat:
-    """The loaded programs; `snapshot()` reads the maps."""
+    """The loaded programs; `snapshot()` reads the maps, `metrics()` too, for export."""
+
+    name = "runqlat"
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
@@ -160,6 +164,32 @@ class Runqlat:
         per_cpu = self.obj.maps["counters"].lookup(0)
         counters = {n: int(per_cpu[n].sum()) for n in per_cpu.dtype.names}
         return Snapshot(time.monotonic(), cells, counters)
+
+    def metrics(self) -> list[Family]:
+        return series(self.snapshot(), self.opts)
+
+
+def series(snap: Snapshot, opts: Options) -> list[Family]:
+    """The exported families (cumulative since attach): the run-queue latency
+    histogram, per process with -P."""
+    dur = Family(
+        "system.runqueue.duration",
+        "histogram",
+        "s",
+        "Run-queue latency: wake-up or preemption until the task runs",
+    )
+    lost = Family(
+        "meridian.runqlat.lost", "counter", "{event}", "Waits not in the histograms, by reason"
+    )
+    for (pid, comm), c in sorted(snap.cells.items()):
+        a: dict[str, str | int | bool] = {}
+        if opts.per_process:
+            a = {"process.pid": pid, "process.executable.name": comm}
+        dur.points.append(
+            HistPoint(a, c.slots, opts.unit_ns * 1e-9, c.sum_ns / 1e9, c.max_ns / 1e9)
+        )
+    lost.points.append(Point({"reason": "hists_full"}, snap.counters.get("hists_full", 0)))
+    return [dur, lost]
 
 
 # ---- views ---------------------------------------------------------------------------
@@ -370,6 +400,7 @@ EXAMPLES = """examples:
   meridian runqlat -P              # one histogram per process
   meridian runqlat -p 185          # only PID 185
   meridian runqlat --json 1        # one JSON object per second
+  meridian runqlat --otlp-endpoint http://localhost:4317   # histograms over OTLP
   meridian runqlat validate        # 1 busy process vs more busy processes than cores
 """
 
@@ -397,6 +428,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--strategy", choices=[s.name for s in STRATEGIES], help="force a probe strategy"
     )
     p.add_argument("-v", "--verbose", action="store_true", help="libbpf and strategy detail")
+    add_arguments(p)
     v = p.add_argument_group("validate")
     v.add_argument("--seconds", metavar="N", help="length of each case (default 5)")
     v.add_argument("--workers", metavar="N", help="busy processes of the ON case (2 x CPUs)")
@@ -416,6 +448,7 @@ def options_from_args(args: argparse.Namespace, validating: bool = False) -> Opt
         json=args.json,
         strategy=args.strategy,
         verbose=args.verbose,
+        export=from_args(args),
     )
 
 
@@ -428,6 +461,8 @@ def run(args: argparse.Namespace) -> int:
     if validating:
         if args.count is not None:
             raise UsageError(f"validate takes no count, got {args.count!r}")
+        if opts.export is not None and opts.export.any:
+            raise UsageError("validate exports nothing: drop --prometheus and --otlp-endpoint")
         secs = positive_number(args.seconds, "--seconds") or 5.0
         workers = positive_number(args.workers, "--workers", integer=True)
         report = validate(opts, secs, int(workers) if workers else None)

@@ -10,6 +10,7 @@ recording (-w) that replays (-r) through the same model.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import os
 import shutil
@@ -24,7 +25,6 @@ from ..bpf import BpfObject, RingBuffer, Strategy, choose, object_path
 from ..errors import ExtraMissing, UsageError
 from ..output import dumps
 from ..syscalls import Aggregator, CompactLog, FilteredLog, Syscall
-from ..syscalls.events import batch_to_syscalls
 from ..syscalls.filters import (
     AllOf,
     Filter,
@@ -37,7 +37,8 @@ from ..syscalls.filters import (
 from ..syscalls.fmt import compact_line, full_line, to_json
 from ..syscalls.log import Source
 from ..syscalls.numbers import FILE_SYSCALLS, NUMBERS, resolve_names
-from ..syscalls.recording import Recorder, read_events
+from ..syscalls.raw import Frames, decode_frames, frames
+from ..syscalls.recording import Recorder, is_jsonl_name, read_events
 from ..syscalls.signatures import fd_position, string_positions
 from ..system import ensure_ready
 
@@ -48,6 +49,7 @@ STRATEGIES = (
     Strategy("tracepoint", ("tp_sys_enter", "tp_sys_exit", "tp_fork", "tp_exit"), ("tracepoint",)),
 )
 MAX_NR = 512  # SYSCALLS_MAX_NR in bpf/syscalls.h
+COMM_LEN = 16  # SYSCALLS_COMM_LEN
 
 
 @dataclass
@@ -60,6 +62,8 @@ class Options:
     full: bool = False
     json: bool = False
     write: str | None = None
+    record_format: str | None = None  # "raw" | "jsonl"; None: by the file name
+    quiet: bool = False  # -q with -w: record only, no view (as perf record)
     read: str | None = None
     text: str | None = None
     regex: bool = False
@@ -71,12 +75,26 @@ class Options:
     strategy: str | None = None
     ring_mb: int = 16
     cgroup_id: int | None = None  # --cgroup: the cgroup v2 directory's inode number
-    max_rows: int = 200_000  # plain views: rows kept in memory (open calls always are)
+    max_rows: int = 200_000  # live views: events kept in memory (open calls always are)
     tui: bool = False
     verbose: bool = False
 
     def traced_names(self) -> frozenset[str]:
         return frozenset(self.names) if self.names else FILE_SYSCALLS
+
+    def raw_recording(self) -> bool:
+        if self.record_format is not None:
+            return self.record_format == "raw"
+        return self.write is not None and not is_jsonl_name(self.write)
+
+    def kernel_comm(self) -> tuple[bytes, bool] | None:
+        """--comm as the kernel matches it (a substring, ASCII case folded when the
+        pattern is all lower case), or None when user space alone can (a regex, a
+        pattern longer than a process name)."""
+        c = self.comm
+        if not c or self.regex or len(c.encode()) >= COMM_LEN or not c.isascii():
+            return None
+        return c.encode(), c == c.lower()
 
 
 # ---- the kernel side -----------------------------------------------------------------
@@ -102,7 +120,9 @@ def meta_table(names: Iterable[str]) -> list[dict[str, Any]]:
 
 
 class Capture:
-    """The loaded program and its ring buffer; `poll()` returns decoded events."""
+    """The loaded program and its ring buffer. `poll_raw()` returns the records as the
+    ring holds them (variable size: strings packed behind each header), `decode()`
+    turns them into events, `poll()` does both."""
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
@@ -110,6 +130,7 @@ class Capture:
         self.obj: BpfObject | None = None
         self.ring: RingBuffer | None = None
         self.offset_ns = time.time_ns() - time.monotonic_ns()
+        self.dtype: Any = None
 
     def __enter__(self) -> Capture:
         ensure_ready()
@@ -130,6 +151,17 @@ class Capture:
                     "wakeup_bytes": size // 4,
                 }
             )
+            comm = o.kernel_comm()
+            if comm is not None:
+                pat, fold = comm
+                obj.set_rodata(
+                    {
+                        "filter_comm": True,
+                        "comm_fold": fold,
+                        "comm_pat_len": len(pat),
+                        "comm_pat": pat,
+                    }
+                )
             obj.select(self.strategy.programs)
             obj.load()
             meta = obj.maps["sc_meta"]
@@ -139,9 +171,8 @@ class Capture:
                 self.add_pid(pid, obj)
             obj.attach()
             assert obj.btf is not None
-            self.ring = RingBuffer.of_map(
-                obj.maps["events"], obj.btf.struct_dtype("syscalls_event")
-            )
+            self.dtype = obj.btf.struct_dtype("syscalls_event")
+            self.ring = RingBuffer.of_map(obj.maps["events"], self.dtype)
         except BaseException:
             obj.close()
             raise
@@ -159,9 +190,24 @@ class Capture:
         assert o is not None
         o.maps["pids"].update(pid, 1)
 
-    def poll(self, timeout: float) -> list[Syscall]:
+    def poll_raw(self, timeout: float) -> tuple[bytes, int]:
+        """Wait up to `timeout` for the ring to fill past its mark, then every record
+        committed so far, framed as in the ring, and how many."""
         assert self.ring is not None
-        return batch_to_syscalls(self.ring.poll(timeout), self.offset_ns)
+        if timeout > 0:
+            self.ring.wait(timeout)
+        return self.ring.drain_bytes()
+
+    def decode(self, chunk: bytes) -> list[Syscall]:
+        return decode_frames(frames(chunk), self.dtype, self.offset_ns)
+
+    def poll(self, timeout: float) -> list[Syscall]:
+        return self.decode(self.poll_raw(timeout)[0])
+
+    def recorder(self, path: str, tool_args: list[str], raw: bool) -> Recorder:
+        if raw:
+            return Recorder(path, tool_args, raw_dtype=self.dtype, wall_offset_ns=self.offset_ns)
+        return Recorder(path, tool_args)
 
     def counters(self) -> dict[str, int]:
         assert self.obj is not None
@@ -318,8 +364,56 @@ class Pipeline:
         self.flush()
 
 
-def _summary(p: Pipeline, counters: dict[str, int] | None, err: TextIO) -> None:
+class Backlog:
+    """Raw records the view has not shown yet, when recording raw: the view takes them
+    a slice at a time between drains, so a slow view never holds up the drain (and
+    the kernel never drops for it). Past `limit` bytes the oldest chunks are skipped
+    by the view and counted; they are in the recording."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._chunks: collections.deque[list[Any]] = collections.deque()  # [Frames, next]
+        self.bytes = 0
+        self.skipped = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._chunks)
+
+    def push(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        self._chunks.append([frames(chunk), 0])
+        self.bytes += len(chunk)
+        while self.bytes > self.limit and len(self._chunks) > 1:
+            fr, at = self._chunks.popleft()
+            self.bytes -= len(fr.buf)
+            self.skipped += len(fr) - at
+
+    def take(self, cap: Capture, n: int) -> list[Syscall]:
+        """Up to `n` of the oldest records, decoded."""
+        fr: Frames
+        fr, at = self._chunks[0]
+        out = decode_frames(fr, cap.dtype, cap.offset_ns, at, at + n)
+        if at + n >= len(fr):
+            self._chunks.popleft()
+            self.bytes -= len(fr.buf)
+        else:
+            self._chunks[0][1] = at + n
+        return out
+
+
+def _summary(
+    p: Pipeline,
+    counters: dict[str, int] | None,
+    err: TextIO,
+    backlog: Backlog | None = None,
+    recorder: Recorder | None = None,
+) -> None:
     parts = [f"{p.events} events", f"{p.unmatched_ends} ends without start"]
+    if recorder is not None and recorder.raw:
+        parts.insert(0, f"{recorder.count} events recorded ({recorder.bytes} bytes)")
+        if p.opts.quiet:
+            parts[1:3] = []  # nothing went through the view
     if counters is not None:
         parts.append(f"{counters.get('lost', 0)} lost (ring buffer full)")
         if counters.get("str_failed"):
@@ -333,6 +427,8 @@ def _summary(p: Pipeline, counters: dict[str, int] | None, err: TextIO) -> None:
             parts.append(f"{counters['pids_full']} child processes not followed (PID set full)")
         if counters.get("bad_records"):
             parts.append(f"{counters['bad_records']} bad records")
+    if backlog is not None and backlog.skipped:
+        parts.append(f"{backlog.skipped} not shown live (view too slow; in the recording)")
     print("meridian syscalls: " + ", ".join(parts), file=err)
 
 
@@ -350,22 +446,56 @@ def replay(opts: Options, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+VIEW_SLICE = 0.02  # seconds the view may take between two drains (raw recording)
+BACKLOG_BYTES = 16 << 20  # raw records waiting for the view, at most
+
+
 def capture(opts: Options, out: TextIO, err: TextIO) -> int:
     launcher: Launcher | None = None
     recorder: Recorder | None = None
     p = Pipeline(opts, out)
     status = 0
+    backlog: Backlog | None = None
     with Capture(opts) as cap:
         if opts.verbose:
             print(f"strategy: {cap.strategy.name}", file=err)
+
+        def take(timeout: float) -> None:
+            """Drain the ring: to the recording and the view's backlog (raw), or
+            decoded, recorded and shown at once (JSON lines or no recording)."""
+            chunk, n = cap.poll_raw(timeout)
+            if recorder is not None and recorder.raw:
+                recorder.write_raw(chunk, n)
+                if backlog is not None:
+                    backlog.push(chunk)
+                return
+            for sc in cap.decode(chunk):
+                if recorder is not None:
+                    recorder.write(sc)
+                p.add(sc)
+
+        def show(seconds: float | None) -> None:
+            """Let the view work through the backlog for a while (None: all of it)."""
+            if backlog is None:
+                return
+            until = None if seconds is None else time.monotonic() + seconds
+            while backlog and (until is None or time.monotonic() < until):
+                for sc in backlog.take(cap, 1024):
+                    p.add(sc)
+                p.flush()
+                p.trim()
+
         try:
             if opts.write:
-                recorder = Recorder(opts.write, sys.argv[1:])
+                raw = opts.raw_recording()
+                recorder = cap.recorder(opts.write, sys.argv[1:], raw)
+                if raw and not opts.quiet:
+                    backlog = Backlog(BACKLOG_BYTES)
             if opts.command:
                 launcher = Launcher(opts.command)
                 cap.add_pid(launcher.pid)
                 launcher.go()
-            elif not opts.json:
+            elif not opts.json and not opts.quiet:
                 print("Tracing file-system syscalls... Hit Ctrl-C to end.", file=err)
             end = time.monotonic() + opts.duration if opts.duration else None
             try:
@@ -373,21 +503,17 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
                     done = launcher is not None and launcher.poll() is not None
                     if opts.pids and not any(os.path.exists(f"/proc/{pid}") for pid in opts.pids):
                         done = True  # every process asked for has exited (as strace -p)
-                    for sc in cap.poll(0 if done else 0.05):
-                        if recorder is not None:
-                            recorder.write(sc)
-                        p.add(sc)
+                    take(0 if done or backlog else 0.05)
+                    show(VIEW_SLICE)
                     p.flush()
                     p.trim()
                     if done or (end is not None and time.monotonic() >= end):
                         break
             except KeyboardInterrupt:
-                for sc in cap.poll(0):
-                    if recorder is not None:
-                        recorder.write(sc)
-                    p.add(sc)
+                take(0)
+            show(None)
             p.finish()
-            _summary(p, cap.counters(), err)
+            _summary(p, cap.counters(), err, backlog, recorder)
             if launcher is not None:
                 code = launcher.poll() or 0
                 status = 128 - code if code < 0 else code  # killed by a signal: 128 + signo
@@ -415,7 +541,8 @@ EXAMPLES = """examples:
   meridian syscalls --path '^/etc' --regex  # calls on paths under /etc
   meridian syscalls --full               # the full log: starts and ends with indices
   meridian syscalls --json -- make       # one JSON object per call, pairing indices
-  meridian syscalls -w trace.jsonl.zst -- make   # record (zstd) while printing
+  meridian syscalls -w trace.jsonl.zst -- make   # record JSON lines (zstd) while printing
+  meridian syscalls -w trace.rec.zst -q  # record raw kernel records only (lossless, fast)
   meridian syscalls -r trace.jsonl.zst --failed  # replay a recording, filtered
 """
 
@@ -439,11 +566,25 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--cgroup", metavar="DIR", help="only tasks in this cgroup v2 directory")
     p.add_argument("--full", action="store_true", help="the full log: starts and ends")
     p.add_argument("--json", action="store_true", help="JSON lines")
-    p.add_argument("-w", dest="write", metavar="FILE", help="record every event (.zst: zstd)")
+    p.add_argument(
+        "-w",
+        dest="write",
+        metavar="FILE",
+        help="record every event: raw kernel records, or JSON lines when FILE ends in "
+        ".jsonl/.json (.zst: zstd-compressed)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="with -w: record only, show nothing")
+    p.add_argument(
+        "--record-format",
+        choices=("raw", "jsonl"),
+        help="-w format regardless of the name: raw (lossless at high rates) or jsonl",
+    )
     p.add_argument("-r", dest="read", metavar="FILE", help="replay a recording")
     p.add_argument("--filter", dest="text", metavar="TEXT", help="text in any field")
     p.add_argument("--regex", action="store_true", help="--filter/--comm/--path are regexes")
-    p.add_argument("--comm", metavar="NAME", help="process name contains NAME")
+    p.add_argument(
+        "--comm", metavar="NAME", help="process name contains NAME (in the kernel unless --regex)"
+    )
     p.add_argument("--path", metavar="TEXT", help="a path argument contains TEXT")
     p.add_argument("--failed", action="store_true", help="only calls that failed")
     p.add_argument("--errno", metavar="NAMES", help="only calls failing with these errnos")
@@ -454,7 +595,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         type=int,
         default=200_000,
         metavar="N",
-        help="plain views: rows kept in memory (default 200000; 0: no limit)",
+        help="events kept in memory, live (default 200000; 0: no limit): past it the "
+        "oldest leave memory (they are in the -w recording); the TUI says how many",
     )
     p.add_argument(
         "--strategy", choices=[s.name for s in STRATEGIES], help="force a probe strategy"
@@ -506,6 +648,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         raise UsageError("give either -p PID or -- COMMAND, not both")
     if args.max_rows < 0:
         raise UsageError(f"--max-rows must be 0 or more, got {args.max_rows}")
+    if args.quiet and not args.write:
+        raise UsageError("-q records only: it needs -w FILE")
     if args.ring_mb <= 0:
         raise UsageError(f"--ring-mb must be greater than 0, got {args.ring_mb}")
     if names and args.all:
@@ -520,6 +664,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         full=args.full,
         json=args.json,
         write=args.write,
+        record_format=args.record_format,
+        quiet=args.quiet,
         read=args.read,
         text=args.text,
         regex=args.regex,
@@ -533,7 +679,13 @@ def options_from_args(args: argparse.Namespace) -> Options:
         max_rows=args.max_rows,
         cgroup_id=cgroup_id(args.cgroup) if args.cgroup else None,
         tui=args.tui
-        or (not args.no_tui and not args.json and not args.full and sys.stdout.isatty()),
+        or (
+            not args.no_tui
+            and not args.quiet
+            and not args.json
+            and not args.full
+            and sys.stdout.isatty()
+        ),
         verbose=args.verbose,
     )
 
@@ -554,8 +706,11 @@ class _CaptureFeed:
         self.recorder = recorder
 
     def poll(self) -> list[Syscall]:
-        new = self.cap.poll(0)
-        if self.recorder is not None:
+        chunk, n = self.cap.poll_raw(0)
+        if self.recorder is not None and self.recorder.raw:
+            self.recorder.write_raw(chunk, n)
+        new = self.cap.decode(chunk)
+        if self.recorder is not None and not self.recorder.raw:
             for sc in new:
                 self.recorder.write(sc)
         return new
@@ -575,12 +730,18 @@ def run_tui(opts: Options) -> int:
     with Capture(opts) as cap:
         try:
             if opts.write:
-                recorder = Recorder(opts.write, sys.argv[1:])
+                recorder = cap.recorder(opts.write, sys.argv[1:], opts.raw_recording())
             if opts.command:
                 launcher = Launcher(opts.command)
                 cap.add_pid(launcher.pid)
                 launcher.go()
-            tui.SyscallsApp(_CaptureFeed(cap, recorder), live=True, flt=flt).run()
+            tui.SyscallsApp(
+                _CaptureFeed(cap, recorder),
+                live=True,
+                flt=flt,
+                max_rows=opts.max_rows,
+                spill=opts.write,
+            ).run()
         finally:
             if launcher is not None:
                 launcher.kill()

@@ -6,6 +6,12 @@ the bindings.
 
 The app reads events from a `Feed` (the kernel capture, or a recording) and pushes
 them through the same model as the plain views.
+
+The table is virtual (`CallTable`, a Line API ScrollView): it holds no rows, only a
+row count, and renders the lines on screen from the filtered view when they are
+painted, so appending, filtering or toggling costs nothing per row kept. Memory is
+bounded by `max_rows`: past it, the oldest events leave the in-memory log (they are
+in the -w recording, if any) and the status bar says how many.
 """
 
 from __future__ import annotations
@@ -14,19 +20,27 @@ import contextlib
 import time
 from typing import Any, ClassVar, Protocol
 
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.coordinate import Coordinate
 from textual.css.query import NoMatches
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.geometry import Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+from textual.timer import Timer
+from textual.widgets import Footer, Input, Static
 
 from ..syscalls import Aggregator, CompactLog, FilteredLog, Syscall
 from ..syscalls.filters import AllOf, Filter, Match, TextFilter
 from ..syscalls.fmt import fmt_duration, fmt_time
 from ..syscalls.log import Source
 
-__all__ = ["Feed", "ListFeed", "SyscallsApp"]
+__all__ = ["CallTable", "Feed", "ListFeed", "SyscallsApp"]
 
 COLUMNS = ("#", "time", "process", "pid:tid", "syscall", "arguments", "result", "duration")
 # column -> the model field whose text it shows (filter spans are per field)
@@ -38,6 +52,128 @@ _FIELD = {
     "result": "result",
 }
 HIGHLIGHT = "bold black on yellow"
+FILTER_AT_ONCE = 5_000  # rows: filter at each key up to this, past it once typing pauses
+FILTER_DELAY = 0.25  # seconds without a key before a large log is filtered
+# Column widths; "arguments" takes what the others leave (at least its minimum).
+WIDTHS = {
+    "#": 7,
+    "time": 15,
+    "process": 12,
+    "pid:tid": 12,
+    "syscall": 12,
+    "arguments": 30,
+    "result": 12,
+    "duration": 9,
+}
+HEADER_STYLE = Style(bold=True, color="bright_white", bgcolor="grey23")
+CURSOR_STYLE = Style(color="black", bgcolor="cyan")
+ZEBRA_STYLE = Style(bgcolor="grey11")
+
+
+class CallTable(ScrollView, can_focus=True):
+    """A virtual table: `row_count` rows whose cells come from `cells(row)` only when
+    painted. A header line, a row cursor moved with the arrow and page keys, and a
+    `RowHighlighted` message when the cursor moves."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up", "cursor(-1)", "Up", show=False),
+        Binding("down", "cursor(1)", "Down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
+        Binding("home", "edge(0)", "First", show=False),
+        Binding("end", "edge(1)", "Last", show=False),
+    ]
+
+    class RowHighlighted(Message):
+        def __init__(self, row: int) -> None:
+            super().__init__()
+            self.cursor_row = row
+
+    def __init__(self, cells: Any, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._cells = cells  # row -> list[Text], one per column
+        self.row_count = 0
+        self.cursor_row = 0
+
+    # ---- the data ----------------------------------------------------------------
+
+    def set_row_count(self, n: int) -> None:
+        self.row_count = n
+        if self.cursor_row >= n:
+            self.cursor_row = max(n - 1, 0)
+        self.virtual_size = Size(self._total_width(), n + 1)
+        self.refresh()
+
+    def get_cell_at(self, coord: Coordinate) -> Text:
+        cells: list[Text] = self._cells(coord.row)
+        return cells[coord.column]
+
+    def move_cursor(self, row: int) -> None:
+        row = min(max(row, 0), max(self.row_count - 1, 0))
+        changed = row != self.cursor_row
+        self.cursor_row = row
+        self._scroll_to_cursor()
+        self.refresh()
+        if changed:
+            self.post_message(self.RowHighlighted(row))
+
+    def _scroll_to_cursor(self) -> None:
+        height = max(self.scrollable_content_region.height - 1, 1)
+        top = round(self.scroll_y)
+        if self.cursor_row < top:
+            self.scroll_to(y=self.cursor_row, animate=False, immediate=True)
+        elif self.cursor_row >= top + height:
+            self.scroll_to(y=self.cursor_row - height + 1, animate=False, immediate=True)
+
+    # ---- keys --------------------------------------------------------------------
+
+    def action_cursor(self, delta: int) -> None:
+        self.move_cursor(self.cursor_row + delta)
+
+    def action_page(self, direction: int) -> None:
+        page = max(self.scrollable_content_region.height - 2, 1)
+        self.move_cursor(self.cursor_row + direction * page)
+
+    def action_edge(self, last: int) -> None:
+        self.move_cursor(self.row_count - 1 if last else 0)
+
+    # ---- rendering ---------------------------------------------------------------
+
+    def _widths(self) -> list[int]:
+        fixed = sum(w for c, w in WIDTHS.items() if c != "arguments") + len(WIDTHS) - 1
+        args = max(WIDTHS["arguments"], self.scrollable_content_region.width - fixed)
+        return [args if c == "arguments" else WIDTHS[c] for c in COLUMNS]
+
+    def _total_width(self) -> int:
+        return sum(self._widths()) + len(COLUMNS) - 1
+
+    def _line(self, texts: list[Text], style: Style) -> Strip:
+        line = Text(no_wrap=True, overflow="crop")
+        for i, (t, w) in enumerate(zip(texts, self._widths(), strict=True)):
+            if i:
+                line.append(" ")
+            cell = t.copy()
+            cell.truncate(w, overflow="ellipsis", pad=True)
+            line.append_text(cell)
+        segments = list(line.render(self.app.console))
+        strip = Strip(segments).apply_style(style)
+        return strip
+
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        scroll_x = round(self.scroll_x)
+        if y == 0:
+            strip = self._line([Text(c) for c in COLUMNS], HEADER_STYLE)
+        else:
+            row = round(self.scroll_y) + y - 1
+            if row >= self.row_count:
+                return Strip([Segment(" " * width)])
+            style = CURSOR_STYLE if row == self.cursor_row else ZEBRA_STYLE if row % 2 else Style()
+            strip = self._line(self._cells(row), style)
+        return strip.crop_extend(scroll_x, scroll_x + width, None)
+
+    def on_resize(self) -> None:
+        self.virtual_size = Size(self._total_width(), self.row_count + 1)
 
 
 class Feed(Protocol):
@@ -98,21 +234,34 @@ class SyscallsApp(App[None]):
         Binding("q", "quit", "Quit"),
     ]
 
-    def __init__(self, feed: Feed, live: bool = True, flt: Filter | None = None) -> None:
+    def __init__(
+        self,
+        feed: Feed,
+        live: bool = True,
+        flt: Filter | None = None,
+        max_rows: int = 0,
+        spill: str | None = None,
+    ) -> None:
+        """`max_rows`: events kept in memory (0: all); `spill`: the recording that
+        holds every event, named in the status bar when older ones leave memory."""
         super().__init__()
         self.feed = feed
         self.live = live
+        self.max_rows = max_rows
+        self.spill = spill
+        self.dropped = 0  # events that left memory
         self.agg = Aggregator()
         self.compact_log = CompactLog(self.agg.log)
         self.compact = True
         self.paused = False
         self.base_filter = flt
         self.text_filter: TextFilter | None = None
-        self._rebuild_needed = False
-        self._modified: set[int] = set()
+        self._applied: TextFilter | None = None  # the text filter the view has
+        self._filter_timer: Timer | None = None
         self.view = self._new_view()
         self._dirty = True
         self.events = 0
+        self._held: list[Syscall] = []  # events arrived while paused
         self._rate_events = 0
         self._rate_t = time.monotonic()
         self.rate = 0.0
@@ -122,17 +271,19 @@ class SyscallsApp(App[None]):
     def compose(self) -> ComposeResult:
         yield Input(placeholder="filter (lower case: any case; /re/ for a regex)", id="filter")
         with Horizontal(id="main"):
-            yield DataTable(id="table", cursor_type="row", zebra_stripes=True)
+            yield CallTable(self.cells, id="table")
             with Vertical(id="side"):
                 yield Static("", id="details")
                 yield Static("", id="progress")
         yield Static("", id="status")
         yield Footer()
 
+    @property
+    def table(self) -> CallTable:
+        return self.query_one(CallTable)
+
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        for col in COLUMNS:
-            table.add_column(col, key=col)
+        table = self.table
         self.query_one("#details", Static).border_title = "details"
         self.query_one("#progress", Static).border_title = "in progress"
         self.tick()
@@ -158,10 +309,11 @@ class SyscallsApp(App[None]):
 
     def _changed(self, what: str, row: int) -> None:
         self._dirty = True
-        if what in ("inserted", "removed"):
-            self._rebuild_needed = True
-        elif what == "modified":
-            self._modified.add(row)
+        if what == "dropped":  # `row` rows left the front: keep the cursor on its call
+            with contextlib.suppress(NoMatches):
+                table = self.table
+                table.cursor_row = max(table.cursor_row - row, 0)
+                table.scroll_to(y=max(table.scroll_y - row, 0), animate=False, immediate=True)
 
     def tick(self) -> None:
         with contextlib.suppress(NoMatches):  # a timer firing while the screen is torn down
@@ -169,9 +321,16 @@ class SyscallsApp(App[None]):
 
     def _tick(self) -> None:
         new = self.feed.poll()
+        self.events += len(new)
+        if self.paused:  # held back: the table (rendered from the model) stays as it is
+            self._held.extend(new)
+            new = []
+        elif self._held:
+            new, self._held = self._held + new, []
         for sc in new:
             self.agg.add(sc)
-        self.events += len(new)
+        if self.max_rows and len(self.agg.log) - self.agg.log.first > self.max_rows:
+            self.trim()
         self._rate_events += len(new)
         now = time.monotonic()
         if now - self._rate_t >= 1.0:
@@ -214,38 +373,30 @@ class SyscallsApp(App[None]):
         return out
 
     def refresh_table(self) -> None:
-        """Rows kept in step with the filtered view: new rows appended, modified rows
-        updated in place, a full rebuild when rows were inserted or removed."""
-        table = self.query_one(DataTable)
+        """The table shows the filtered view: only its row count is set here; the
+        lines on screen are rendered from the view when painted."""
+        table = self.table
         n = len(self.view)
-        keys = [
-            str(p) for p in self.view.visible[table.row_count if not self._rebuild_needed else 0 :]
-        ]
-        if self._rebuild_needed or table.row_count > n:
-            cursor = table.cursor_row
-            table.clear()
-            keys = [str(p) for p in self.view.visible]
-            for i in range(n):
-                table.add_row(*self.cells(i), key=keys[i])
-            if n:
-                table.move_cursor(row=min(max(cursor, 0), n - 1))
-        else:
-            for row in sorted(self._modified):
-                if row < table.row_count:
-                    key = str(self.view.visible[row])
-                    for col, cell in zip(COLUMNS, self.cells(row), strict=True):
-                        table.update_cell(key, col, cell)
-            at_end = table.cursor_row >= table.row_count - 1
-            first = table.row_count
-            for i in range(first, n):
-                table.add_row(*self.cells(i), key=keys[i - first])
-            if at_end and n and self.live:
-                table.move_cursor(row=n - 1)  # follow the tail while the cursor is on it
-        self._dirty = self._rebuild_needed = False
-        self._modified.clear()
+        at_end = table.cursor_row >= table.row_count - 1
+        table.set_row_count(n)
+        if at_end and n and self.live and not self.paused:
+            table.move_cursor(n - 1)  # follow the tail while the cursor is on it
+        self._dirty = False
+
+    def trim(self) -> None:
+        """Bound memory: past `max_rows` events, the oldest tenth leaves memory (the
+        log, the compact log and the view drop their front: the cost is what is
+        dropped). A call open across the cut loses its start. They are in the
+        recording (`spill`) when recording."""
+        log = self.agg.log
+        held = len(log) - log.first
+        cut = len(log) - self.max_rows * 9 // 10
+        self.agg.drop_before(cut)
+        self.dropped += held - (len(log) - log.first)
+        self._dirty = True
 
     def refresh_side(self) -> None:
-        table = self.query_one(DataTable)
+        table = self.table
         details = self.query_one("#details", Static)
         if 0 <= table.cursor_row < len(self.view):
             sc = self.view[table.cursor_row]
@@ -272,9 +423,13 @@ class SyscallsApp(App[None]):
         self.query_one("#progress", Static).update("\n".join(progress))
         c = self.feed.counters()
         status = (
-            f" {'compact' if self.compact else 'full'} | {len(self.view)}/{len(self.source)} rows"
+            f" {'compact' if self.compact else 'full'} | {len(self.view)}/"
+            f"{len(self.source) - self.source.first} rows"
             f" | {self.events} events | {self.rate:.0f}/s | lost {c.get('lost', 0)}"
         )
+        if self.dropped:
+            where = f"in {self.spill}" if self.spill else "not recorded: use -w"
+            status += f" | {self.dropped} older events dropped from memory ({where})"
         if self.text_filter is not None:
             status += f" | filter: {self.query_one(Input).value}"
         if self.paused:
@@ -282,29 +437,36 @@ class SyscallsApp(App[None]):
         self.query_one("#status", Static).update(status)
 
     def _last_ts(self) -> int:
-        return self.agg.log[len(self.agg.log) - 1].timestamp_ns if len(self.agg.log) else 0
+        rows = self.agg.log.rows
+        return rows[-1].timestamp_ns if rows else 0
 
     # ---- actions -------------------------------------------------------------------
 
     def _rebuild(self, keep_index: int | None = None) -> None:
+        self.view.close()
         self.view = self._new_view()
-        self._rebuild_needed = True
         self.refresh_table()
         if keep_index is not None:
             self.goto_index(keep_index)
         self.refresh_side()
 
     def selected(self) -> Syscall | None:
-        row = self.query_one(DataTable).cursor_row
+        row = self.table.cursor_row
         return self.view[row] if 0 <= row < len(self.view) else None
 
     def goto_index(self, index: int) -> bool:
         """Move the cursor to the row showing event `index` (or the call holding it)."""
-        for row, sc in enumerate(self.view):
-            if sc.index == index or (self.compact and index in (sc.start_index, sc.end_index)):
-                self.query_one(DataTable).move_cursor(row=row)
-                return True
-        return False
+        row = self._row_of_index(index)
+        if row < 0:
+            return False
+        self.table.move_cursor(row)
+        return True
+
+    def _row_of_index(self, index: int) -> int:
+        """Row of event `index` in the view (in the compact log, the call holding it);
+        a bisection over the source positions, not a scan of the rows."""
+        pos = self.compact_log.row_of_index(index) if self.compact else self.agg.log.position(index)
+        return self.view.row_of(pos) if pos >= 0 else -1
 
     def action_toggle_compact(self) -> None:
         sc = self.selected()
@@ -319,10 +481,11 @@ class SyscallsApp(App[None]):
     def action_close_filter(self) -> None:
         box = self.query_one(Input)
         box.remove_class("shown")
-        self.query_one(DataTable).focus()
+        self.table.focus()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         value = event.value
+        old = self.text_filter
         if not value:
             self.text_filter = None
         else:
@@ -331,12 +494,32 @@ class SyscallsApp(App[None]):
                 self.text_filter = TextFilter(value[1:-1] if regex else value, regex)
             except Exception:  # an incomplete regex while typing: keep the last one
                 return
+        if self._filter_timer is not None:
+            self._filter_timer.stop()
+            self._filter_timer = None
+        else:
+            self._applied = old
+        if len(self.source) <= FILTER_AT_ONCE:
+            self._apply_filter()
+        else:  # a large log: filter once typing pauses, not at every key
+            self._filter_timer = self.set_timer(FILTER_DELAY, self._apply_filter)
+
+    def _apply_filter(self) -> None:
+        self._filter_timer = None
+        new, old = self.text_filter, self._applied
+        self._applied = new
+        if new is not None and new.narrows(old):
+            # typing on: only the rows shown can still match
+            self.view.narrow(self._filter())
+            self.refresh_table()
+            self.refresh_side()
+            return
         self._rebuild()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.action_close_filter()
 
-    def on_data_table_row_highlighted(self, event: Any) -> None:
+    def on_call_table_row_highlighted(self, event: Any) -> None:
         with contextlib.suppress(NoMatches):
             self.refresh_side()
 
@@ -357,16 +540,16 @@ class SyscallsApp(App[None]):
             self.notify("the other half of this call was not seen", severity="warning")
 
     def action_next_error(self) -> None:
-        table = self.query_one(DataTable)
+        table = self.table
         for row in range(table.cursor_row + 1, len(self.view)):
             if self.view[row].failed:
-                table.move_cursor(row=row)
+                table.move_cursor(row)
                 return
         self.notify("no failed call below", severity="information")
 
     def action_pause(self) -> None:
-        """Freeze the table (capture goes on into the log; nothing is lost)."""
+        """Freeze the table (capture goes on; events are held and shown on resume)."""
         self.paused = not self.paused
         if not self.paused:
-            self.refresh_table()
+            self._tick()
         self.refresh_side()

@@ -1,0 +1,146 @@
+"""Raw kernel records of `meridian syscalls`, as the ring buffer holds them: each an
+8-byte frame header (u32 `len` with the BUSY/DISCARD bits, u32 kernel-internal), then
+`struct syscalls_event` (bpf/syscalls.h, its dtype from BTF) followed by its strings
+packed (`str_len[0]`, `str_len[1]`, `fd_len` bytes, each NUL-terminated), the whole
+padded to 8 bytes. The live capture and the binary recording (`-w FILE`, format
+version 2) both carry these bytes unchanged; decoding to Syscall rows happens here,
+for the live views and on replay. Pure functions of bytes."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+
+from .events import to_syscall
+from .record import Syscall
+
+__all__ = [
+    "REQUIRED_FIELDS",
+    "Frames",
+    "decode_frames",
+    "dtype_from_json",
+    "dtype_to_json",
+    "frames",
+]
+
+BUSY = 1 << 31
+DISCARD = 1 << 30
+HDR = 8
+_U32 = struct.Struct("<I")
+
+REQUIRED_FIELDS = (
+    "index", "ts_ns", "pid", "tid", "nr", "kind", "str_ok", "fd_ok", "ret", "args", "comm",
+    "str_len", "fd_len",
+)  # fmt: skip
+
+
+class Frames:
+    """The records found in a run of framed bytes: offsets of their data and lengths;
+    `used` is how many bytes whole records take (the rest is a cut-off record)."""
+
+    __slots__ = ("buf", "lengths", "offsets", "used")
+
+    def __init__(self, buf: bytes, offsets: list[int], lengths: list[int], used: int) -> None:
+        self.buf = buf
+        self.offsets = offsets
+        self.lengths = lengths
+        self.used = used
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+def frames(buf: bytes) -> Frames:
+    """Walk the frame headers of `buf` (discarded records skipped; a busy one, which a
+    recording never holds, ends the walk)."""
+    offsets: list[int] = []
+    lengths: list[int] = []
+    unpack = _U32.unpack_from
+    pos, end = 0, len(buf)
+    while pos + HDR <= end:
+        (hdr,) = unpack(buf, pos)
+        if hdr & BUSY:
+            break
+        length = hdr & ~DISCARD
+        nxt = pos + ((HDR + length + 7) & ~7)
+        if pos + HDR + length > end:
+            break
+        if not hdr & DISCARD:
+            offsets.append(pos + HDR)
+            lengths.append(length)
+        pos = min(nxt, end)
+    return Frames(buf, offsets, lengths, pos)
+
+
+def _fields(heads: np.ndarray[Any, Any]) -> dict[str, list[Any]]:
+    return {name: heads[name].tolist() for name in REQUIRED_FIELDS}
+
+
+def decode_frames(
+    fr: Frames, dtype: np.dtype[Any], wall_offset_ns: int, start: int = 0, stop: int | None = None
+) -> list[Syscall]:
+    """Records `start`..`stop` of `fr` as Syscall rows. The fixed headers are gathered
+    into one numpy array (a column read per field); only the strings are sliced one
+    by one, and only where present."""
+    offs = fr.offsets[start:stop]
+    if not offs:
+        return []
+    size = dtype.itemsize
+    raw = np.frombuffer(fr.buf, dtype=np.uint8)
+    at = np.asarray(offs, dtype=np.int64)
+    heads = raw[at[:, None] + np.arange(size)].view(dtype).reshape(len(offs))
+    cols = _fields(heads)
+    buf = fr.buf
+    out = []
+    empty = b""
+    for i, off in enumerate(offs):
+        l0, l1 = cols["str_len"][i]
+        lf = cols["fd_len"][i]
+        p = off + size
+        s0 = buf[p : p + l0] if l0 else empty
+        s1 = buf[p + l0 : p + l0 + l1] if l1 else empty
+        fp = buf[p + l0 + l1 : p + l0 + l1 + lf] if lf else empty
+        rec = {
+            "index": cols["index"][i],
+            "ts_ns": cols["ts_ns"][i],
+            "pid": cols["pid"][i],
+            "tid": cols["tid"][i],
+            "nr": cols["nr"][i],
+            "kind": cols["kind"][i],
+            "str_ok": cols["str_ok"][i],
+            "fd_ok": cols["fd_ok"][i],
+            "ret": cols["ret"][i],
+            "args": cols["args"][i],
+            "comm": cols["comm"][i],
+            "str": (s0, s1),
+            "fd_path": fp,
+        }
+        out.append(to_syscall(rec, wall_offset_ns))
+    return out
+
+
+def dtype_to_json(dtype: np.dtype[Any]) -> list[Any]:
+    """The record dtype as JSON (numpy's array-protocol description)."""
+    return [list(f) for f in np.lib.format.dtype_to_descr(dtype)]
+
+
+def dtype_from_json(descr: Any) -> np.dtype[Any]:
+    """Inverse of dtype_to_json; ValueError for a description that is not one, or
+    lacks a field the decoder needs."""
+    if not isinstance(descr, list):
+        raise ValueError("record layout is not a list")
+    fields: list[Any] = []
+    for f in descr:
+        if not isinstance(f, list) or len(f) not in (2, 3):
+            raise ValueError(f"bad field {f!r}")
+        fields.append(tuple(tuple(x) if isinstance(x, list) else x for x in f))
+    try:
+        dt: np.dtype[Any] = np.lib.format.descr_to_dtype(fields)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"bad record layout: {exc}") from None
+    missing = [n for n in REQUIRED_FIELDS if dt.names is None or n not in dt.names]
+    if missing:
+        raise ValueError(f"record layout lacks {', '.join(missing)}")
+    return dt

@@ -1,0 +1,155 @@
+"""The PID table on fake snapshots of the aggregate map: windows, intervals, retiring,
+caps. No kernel needed (the layouts come from the compiled object's BTF)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from meridian.bpf import BpfObject, object_path
+from meridian.tools.io_table import NS, PidTable
+
+if not object_path("io").exists():
+    pytest.skip("BPF objects not built (make bpf)", allow_module_level=True)
+
+with BpfObject(object_path("io")) as _obj:
+    KEY = _obj.maps["stats"].key_dtype
+    VAL = _obj.maps["stats"].value_dtype
+
+
+class FakeMap:
+    """Cumulative per-(pid, op, cached) counters, as the kernel keeps them."""
+
+    def __init__(self) -> None:
+        self.cells: dict[tuple[int, int, int], dict[str, Any]] = {}
+        self.comms: dict[int, bytes] = {}
+
+    def io(self, pid: int, op: int, cached: int, ops: int, nbytes: int, slot: int = 10) -> None:
+        c = self.cells.setdefault((pid, op, cached), {"ops": 0, "bytes": 0, "slots": {}})
+        c["ops"] += ops
+        c["bytes"] += nbytes
+        c["slots"][slot] = c["slots"].get(slot, 0) + ops
+
+    def snapshot(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        keys = np.zeros(len(self.cells), KEY)
+        vals = np.zeros((len(self.cells), 2), VAL)  # two CPUs, all on CPU 1
+        for i, ((pid, op, cached), c) in enumerate(sorted(self.cells.items())):
+            keys[i]["pid"], keys[i]["op"], keys[i]["cached"] = pid, op, cached
+            vals[i, 1]["ops"], vals[i, 1]["bytes"] = c["ops"], c["bytes"]
+            vals[i, 1]["comm"] = self.comms.get(pid, b"proc%d" % pid)
+            vals[i, 1]["first_ns"], vals[i, 1]["last_ns"] = 1, 2
+            for slot, n in c["slots"].items():
+                vals[i, 1]["slots"][slot] = n
+            vals[i, 1]["latency_max_ns"] = (1 << (max(c["slots"]) + 1)) - 1
+        return keys, vals
+
+    def delete(self, keys: np.ndarray[Any, Any]) -> None:
+        for k in keys:
+            del self.cells[(int(k["pid"]), int(k["op"]), int(k["cached"]))]
+
+
+def test_rolling_windows_are_exact_differences_of_snapshots() -> None:
+    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid: True)
+    for t in range(1, 71):  # 1000 bytes/s of reads, one op per second, for 70 s
+        m.io(100, 0, 1, 1, 1000)
+        table.update(*m.snapshot(), t * NS)
+    (row,) = table.rows()
+    rd = row.ops["read"]
+    assert rd.bytes_per_s == {1: 1000.0, 10: 1000.0, 60: 1000.0}
+    assert rd.ops_per_s[1] == 1.0 and rd.span_s[1] == 1.0 and rd.span_s[10] == 10.0
+    for t in range(71, 76):  # then idle for 5 s
+        table.update(*m.snapshot(), t * NS)
+    rd = table.rows()[0].ops["read"]
+    assert rd.bytes_per_s[1] == 0.0
+    assert rd.bytes_per_s[10] == 500.0  # 5 busy seconds of the last 10
+    span = rd.span_s[60]
+    assert 48 <= span <= 72
+    assert rd.bytes_per_s[60] == pytest.approx((span - 5) * 1000 / span)
+    assert rd.ops == 70 and rd.bytes == 70_000 and rd.interval_ops == 0
+    assert max(len(s.history) for s in table.series.values()) <= 20
+    assert table.rolling()[100]["read"]["10s"] == {
+        "bytes_per_s": 500.0, "ops_per_s": 0.5, "span_s": 10.0
+    }  # fmt: skip
+
+
+def test_interval_ops_histogram_and_hit_ratio() -> None:
+    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid: True)
+    m.io(7, 0, 1, 10, 100, slot=5)
+    table.update(*m.snapshot(), NS)
+    m.io(7, 0, 1, 3, 30, slot=12)  # 3 cached, 1 disk in the second interval
+    m.io(7, 0, 0, 1, 4096, slot=20)
+    m.io(7, 1, 1, 2, 8192, slot=8)
+    table.update(*m.snapshot(), 2 * NS)
+    (row,) = table.rows()
+    rd, wr = row.ops["read"], row.ops["write"]
+    assert rd.interval_ops == 4 and rd.ops == 14
+    assert rd.interval_hist.total == 4 and int(rd.interval_hist.slots[5]) == 0
+    assert rd.hit_ratio() == 0.75 and rd.hit_ratio(interval=False) == 13 / 14
+    assert 1 << 12 <= (rd.percentile_ns(0.5) or 0) < 1 << 13
+    assert wr.interval_ops == 2 and wr.bytes_per_s[1] == 8192.0  # new: zero one interval ago
+    assert row.comm == "proc7"
+
+
+def test_exited_processes_are_retired_after_the_grace_period() -> None:
+    m, alive = FakeMap(), {1, 2}
+    table = PidTable(start_ns=0, grace_s=30, alive=lambda pid: pid in alive)
+    m.io(1, 0, 1, 1, 10)
+    m.io(2, 1, 0, 1, 20)
+    m.io(2, 0, 1, 1, 20)
+    assert not len(table.update(*m.snapshot(), NS))
+    alive.discard(2)  # process 2 exits; seen gone at t=2 s
+    for t in range(2, 32):
+        assert not len(table.update(*m.snapshot(), t * NS)), t
+    gone = table.update(*m.snapshot(), 32 * NS)
+    assert sorted(map(int, gone["pid"])) == [2, 2]
+    m.delete(gone)
+    table.update(*m.snapshot(), 33 * NS)
+    assert [r.pid for r in table.rows()] == [1]
+    assert table.summaries()[2].total().bytes == 40  # kept for the exit summary
+    assert set(table.summaries()) == {1, 2}
+
+
+def test_a_pid_seen_alive_again_starts_its_grace_over() -> None:
+    m, alive = FakeMap(), {5}
+    table = PidTable(start_ns=0, grace_s=10, alive=lambda pid: pid in alive)
+    m.io(5, 0, 1, 1, 1)
+    alive.clear()
+    table.update(*m.snapshot(), 1 * NS)
+    alive.add(5)
+    table.update(*m.snapshot(), 8 * NS)
+    alive.clear()
+    assert not len(table.update(*m.snapshot(), 12 * NS))
+    assert len(table.update(*m.snapshot(), 22 * NS)) == 1
+
+
+def test_max_pids_caps_series_into_comm_then_other() -> None:
+    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid: True)
+    sizes = {10: 5000, 11: 4000, 12: 3000, 13: 2000, 14: 1000, 15: 500}
+    names = {10: b"a", 11: b"a", 12: b"b", 13: b"c", 14: b"a", 15: b"d"}
+    for pid, n in sizes.items():
+        m.comms[pid] = names[pid]
+        m.io(pid, 0, 1, 1, n)
+    table.update(*m.snapshot(), NS)
+    rows = table.rows(max_pids=2)
+    assert [(r.level, r.pid, r.comm) for r in rows] == [
+        ("pid", 10, "a"),
+        ("pid", 11, "a"),
+        ("comm", None, "b"),  # 3000
+        ("comm", None, "c"),  # 2000
+        ("other", None, "other"),  # a's third process (1000) and d (500)
+    ]
+    assert rows[-1].ops["read"].bytes == 1500 and rows[-1].processes == 2
+    assert sum(r.ops["read"].bytes for r in rows) == sum(sizes.values())
+    assert len(table.rows()) == 6 and len(table.rows(max_pids=6)) == 6
+
+
+def test_processes_evicted_from_the_map_leave_the_table() -> None:
+    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid: True)
+    m.io(1, 0, 1, 1, 1)
+    m.io(2, 0, 1, 1, 1)
+    table.update(*m.snapshot(), NS)
+    del m.cells[(2, 0, 1)]
+    table.update(*m.snapshot(), 2 * NS)
+    assert [r.pid for r in table.rows()] == [1]

@@ -1,0 +1,127 @@
+"""The PID table on the real aggregate map: a process that exits is retired, its keys
+are deleted from the kernel map, and its totals stay exact in the table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from meridian.tools.io import FileIO, Options, summarize
+from meridian.tools.io_table import PidTable, delete_keys
+
+pytestmark = pytest.mark.kernel
+
+CHILD = r"""
+import os, sys
+f = os.open(sys.argv[1], os.O_RDONLY)
+sys.stdout.write("ready\n"); sys.stdout.flush()
+sys.stdin.readline()
+for i in range(int(sys.argv[2])):
+    os.pread(f, 4096, (i % 4) * 4096)
+"""
+
+
+def test_a_process_that_exits_is_retired_and_leaves_the_kernel_map(tmp_path: Path) -> None:
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"z" * 16384)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(data), "25"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline() == "ready\n"
+        with FileIO(Options(pids=[child.pid], no_events=True)) as tool:
+            assert tool.obj is not None
+            stats = tool.obj.maps["stats"]
+            table = PidTable(time.monotonic_ns(), grace_s=0.3)
+            table.update(*tool.stats(), time.monotonic_ns())
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.wait(30) == 0
+            gone = None
+            for _ in range(100):  # the grace period is 0.3 s; stop at the first retirement
+                time.sleep(0.05)
+                keys = table.update(*tool.stats(), time.monotonic_ns())
+                if len(keys):
+                    gone = keys
+                    break
+            assert gone is not None, "the exited process was never retired"
+            assert set(gone["pid"].tolist()) == {child.pid}
+            assert delete_keys(stats, gone) == len(gone)
+            assert child.pid not in summarize(*tool.stats())
+            table.update(*tool.stats(), time.monotonic_ns())
+            assert [r.pid for r in table.rows()] == []
+            final = table.summaries()[child.pid]
+            assert final.total("read").ops == 25
+            assert final.total("read").bytes == 25 * 4096
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+        for pipe in (child.stdin, child.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def test_top_draws_a_busy_process_on_a_terminal_and_exits_clean(tmp_path: Path) -> None:
+    """`meridian io --top` on a pseudo-terminal: frames name a process doing preads,
+    the screen is restored, and the summary follows."""
+    import os
+    import pty
+    import re
+
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"z" * 16384)
+    busy = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(data), "100000000"],  # killed at the end
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    master, slave = pty.openpty()
+    try:
+        assert busy.stdout is not None and busy.stdin is not None
+        assert busy.stdout.readline() == "ready\n"
+        busy.stdin.write("go\n")
+        busy.stdin.flush()
+        top = subprocess.run(
+            [sys.executable, "-m", "meridian", "io", "--top", "-p", str(busy.pid),
+             "--duration", "2.5", "--interval", "0.5", "--format", "text"],
+            stdout=slave, stderr=subprocess.PIPE, timeout=60, check=False,
+        )  # fmt: skip
+        os.close(slave)
+        slave = -1
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # EIO: the other side is closed and drained
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        out = b"".join(chunks).decode(errors="replace")
+        assert top.returncode == 0, top.stderr
+        assert out.count("meridian io --top") >= 3
+        assert "\x1b[?1049l" in out and out.rindex("\x1b[?1049l") < out.rindex("HIT")
+        frames = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", f) for f in out.split("\x1b[H")]
+        assert any(re.search(rf"^\s*{busy.pid} python", f, re.M) for f in frames[1:]), frames[-2:]
+        summary = out[out.rindex("\x1b[?1049l") :]
+        assert re.search(rf"python\S*\s+{busy.pid}\s+read", summary)
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
+        if busy.poll() is None:
+            busy.kill()
+        busy.wait()
+        for pipe in (busy.stdin, busy.stdout):
+            if pipe is not None:
+                pipe.close()
