@@ -195,6 +195,8 @@ def main(argv: list[str]) -> int:
     }
     for k, v in summary.items():
         print(f"{k}: {v}")
+    if fio_n <= 0:  # fio-rounds 0: the pread loop only
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "lat.bt"
         script.write_text(BPFTRACE)
