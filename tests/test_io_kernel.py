@@ -404,6 +404,53 @@ def test_block_requests_attributed_to_the_pid(ext4: Path) -> None:
     assert (events[events["ino"] != ino]["disk_requests"] == 0).all()
 
 
+IO_CMD = [sys.executable, "-m", "meridian", "io"]
+
+
+def test_block_requests_in_the_summary_and_retired_with_the_process(ext4: Path) -> None:
+    """The exit summary reports the block requests per submitting process (JSON
+    `type: block`, exact counts), and an exited submitter is retired from `disk_io`
+    after the grace period but stays in the summary."""
+    path = ext4 / "direct.bin"
+    dd("if=/dev/urandom", f"of={path}", "bs=1M", "count=1", "conv=fsync")
+    proc = subprocess.Popen(
+        [*IO_CMD, "-v", "--no-events", "--grace", "0", "--interval", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        while "strategy:" not in (line := proc.stderr.readline()):
+            assert line, "meridian io exited before attaching"
+        reader = dd(f"if={path}", "of=/dev/null", "bs=64k", "iflag=direct")
+        time.sleep(1.0)  # several table intervals: the exited dd is retired meanwhile
+        dump = subprocess.run(
+            ["bpftool", "-j", "map", "dump", "name", "disk_io"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        # Raw keys: struct fileio_disk_key starts with the u32 pid (little-endian).
+        live = {
+            int.from_bytes(bytes(int(b, 16) for b in e["key"][:4]), "little")
+            for e in json.loads(dump.stdout)
+        }
+        proc.terminate()
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    block = [json.loads(x) for x in out.splitlines() if '"type":"block"' in x.replace(" ", "")]
+    mine = [b for b in block if b["pid"] == reader]
+    assert len(mine) == 1
+    assert (mine[0]["op"], mine[0]["requests"], mine[0]["bytes"]) == ("read", 16, 1 << 20)
+    assert mine[0]["latency"]["count"] == 16
+    assert reader not in live  # retired from the kernel map, kept for the summary
+
+
 def test_kprobe_strategy_passes_the_verifier() -> None:
     """kprobes cannot attach on this kernel, but their programs load: the verifier
     accepts the kprobe path (ksyscall wrappers, real fds) as it is shipped."""

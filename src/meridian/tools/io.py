@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from ..output import JsonWriter, fmt_bytes, print_table
 from ..system import ensure_ready
 from .io_format import TEXT_HEADER, EventFormatter
 from .io_metrics import io_source
+
+if TYPE_CHECKING:
+    from .io_block import BlockStats
 
 __all__ = [
     "STRATEGIES",
@@ -478,7 +481,8 @@ def run_options(opts: Options, out: TextIO) -> int:
 
 def _stream(tool: FileIO, exporters: Exporters, opts: Options, out: TextIO) -> int:
     """The event stream (or --top) and the PID table until the end, then the summary."""
-    from .io_table import PidTable, delete_keys
+    from .io_block import summarize_block
+    from .io_table import RETIRED_MAX, PidTable, delete_keys
     from .io_top import run_top
 
     fmt = EventFormatter()
@@ -497,8 +501,18 @@ def _stream(tool: FileIO, exporters: Exporters, opts: Options, out: TextIO) -> i
     stats_map = tool.obj.maps["stats"]
     table = PidTable(time.monotonic_ns(), grace_s=opts.grace)
 
+    disk_map = tool.obj.maps["disk_io"]
+    retired_block: list[BlockStats] = []
+
     def retire(keys: np.ndarray[Any, Any]) -> None:
         delete_keys(stats_map, keys)
+        dkeys, dvals = tool.disk_stats()
+        gone = table.gone({int(p) for p in dkeys["pid"]}, time.monotonic_ns())
+        if gone:
+            mask = np.isin(dkeys["pid"], gone)
+            retired_block.extend(summarize_block(dkeys[mask], dvals[mask]))
+            del retired_block[: max(0, len(retired_block) - RETIRED_MAX)]
+            delete_keys(disk_map, dkeys[mask])
 
     if opts.verbose:
         print(f"strategy: {tool.strategy.name} ({', '.join(tool.selected)})", file=sys.stderr)
@@ -532,7 +546,9 @@ def _stream(tool: FileIO, exporters: Exporters, opts: Options, out: TextIO) -> i
     counters = tool.counters()
     if opts.verbose:
         print("lost: " + " ".join(f"{k}={v}" for k, v in counters.items()), file=sys.stderr)
-    report(table.summaries(), counters, time.monotonic() - start, opts, out, table.rolling())
+    block = retired_block + summarize_block(*tool.disk_stats())
+    seconds = time.monotonic() - start
+    report(table.summaries(), counters, seconds, opts, out, table.rolling(), block)
     out.flush()
     return 0
 
@@ -563,9 +579,11 @@ def report(
     opts: Options,
     out: TextIO,
     rolling: dict[int, dict[str, Any]] | None = None,
+    block: list[BlockStats] | None = None,
 ) -> None:
     """The per-PID summary; `rolling` (PidTable.rolling()) adds each live process's
-    1 s / 10 s / 60 s throughput per op to the JSON objects."""
+    1 s / 10 s / 60 s throughput per op to the JSON objects; `block` the device
+    requests per submitting process (io_block.py)."""
     if opts.format == "json":
         w = JsonWriter(out)
         for ps in pids.values():
@@ -574,6 +592,8 @@ def report(
                 if op in d:
                     d[op]["rolling"] = windows
             w.write(d)
+        for b in block or []:
+            w.write(b.as_dict())
         w.write({"type": "lost", "seconds": round(seconds, 6), **counters})
         return
     rows = []
@@ -602,6 +622,28 @@ def report(
         rows,
         out,
     )
+    if block:
+        print(
+            "\nblock requests by submitting process (device latency, issue to completion):",
+            file=out,
+        )
+        print_table(
+            ["COMM", "PID", "OP", "REQUESTS", "BYTES", "P50(us)", "P99(us)", "MAX(us)"],
+            [
+                [
+                    b.comm,
+                    str(b.pid),
+                    b.op,
+                    str(b.requests),
+                    fmt_bytes(b.bytes),
+                    f"{min(b.hist.percentile(0.5), b.latency_max_ns) / 1e3:.1f}",
+                    f"{min(b.hist.percentile(0.99), b.latency_max_ns) / 1e3:.1f}",
+                    f"{b.latency_max_ns / 1e3:.1f}",
+                ]
+                for b in block
+            ],
+            out,
+        )
     lost = {k: v for k, v in counters.items() if v}
     if lost:
         print("lost: " + ", ".join(f"{k}={v}" for k, v in lost.items()), file=out)

@@ -19,9 +19,13 @@ N of those) and the rest into one series with `process.executable.name` = `other
 | process.disk.io.first_time (s)      | process_disk_io_first_time_seconds            | P, D       |
 | process.disk.io.last_time (s)       | process_disk_io_last_time_seconds             | P, D       |
 | meridian.io.lost                    | meridian_io_lost_total                        | reason     |
+| meridian.block.requests             | meridian_block_requests_total                 | P, D       |
+| meridian.block.io (By)              | meridian_block_io_bytes_total                 | P, D       |
+| meridian.block.request.duration (s) | meridian_block_request_duration_seconds       | P, D       |
 
 P: process.pid, process.executable.name; D: disk.io.direction (read, write);
-C: meridian.io.cached (true: served by the page cache). First and last times are Unix
+C: meridian.io.cached (true: served by the page cache). The block families count
+device requests by the process that submitted them (io_block.py). First and last times are Unix
 times in seconds; latency buckets are the kernel's log2 nanosecond slots.
 """
 
@@ -32,6 +36,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..export.series import Family, HistPoint, Point, Source
+from .io_block import block_series, summarize_block
 
 if TYPE_CHECKING:
     from .io import FileIO, PidSummary
@@ -134,4 +139,9 @@ def io_source(tool: FileIO, max_series: int | None = None) -> Source:
     from .io import summarize
 
     offset = time.time_ns() - time.monotonic_ns()
-    return lambda: io_series(summarize(*tool.stats()), tool.counters(), offset, max_series)
+
+    def source() -> list[Family]:
+        files = io_series(summarize(*tool.stats()), tool.counters(), offset, max_series)
+        return files + block_series(summarize_block(*tool.disk_stats()), max_series)
+
+    return source

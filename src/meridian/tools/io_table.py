@@ -176,6 +176,7 @@ class PidTable:
         self.retired: dict[int, PidSummary] = {}
         self.retired_forgotten = 0
         self.latest: dict[int, PidSummary] = {}
+        self.other_dead: dict[int, int] = {}  # gone() over another per-PID map
 
     def update(
         self, keys: np.ndarray[Any, Any], vals: np.ndarray[Any, Any], now_ns: int
@@ -246,6 +247,20 @@ class PidTable:
         if not gone or not len(keys):
             return keys[:0]
         out: np.ndarray[Any, Any] = keys[np.isin(keys["pid"], gone)]
+        return out
+
+    def gone(self, pids: Iterable[int], now_ns: int) -> list[int]:
+        """Of the PIDs of another per-PID map (block requests), those to retire now:
+        seen exited for the grace period, the same rule as the table's own."""
+        out, present = [], set()
+        for pid in pids:
+            present.add(pid)
+            if self.alive(pid):
+                self.other_dead.pop(pid, None)
+            elif now_ns - self.other_dead.setdefault(pid, now_ns) >= self.grace_ns:
+                out.append(pid)
+        for pid in [p for p in self.other_dead if p not in present or p in out]:
+            del self.other_dead[pid]
         return out
 
     def rows(self, max_pids: int | None = None, window: int = 60) -> list[Row]:
