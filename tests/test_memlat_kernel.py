@@ -78,7 +78,7 @@ def test_json_report_of_a_timed_run() -> None:
     assert len(lines) == 1
     rep = lines[0]
     assert rep["unit"] == "usecs" and rep["strategy"] in {s.name for s in STRATEGIES}
-    assert set(rep["lost"]) == {"stale", "unmatched", "failed", "evicted", "hists_full"}
+    assert set(rep["lost"]) == {"stale", "unmatched", "failed", "exited", "evicted", "hists_full"}
 
 
 def test_validate_passes_here() -> None:

@@ -42,20 +42,20 @@ __all__ = [
 ]
 
 KINDS = ("minor", "major")
-LOST = ("stale", "unmatched", "failed", "evicted", "hists_full")
+LOST = ("stale", "unmatched", "failed", "exited", "evicted", "hists_full")
 PERF_PROGRAMS = ("perf_fault_min", "perf_fault_maj")
 
 STRATEGIES = (
-    Strategy("fentry", ("fentry_fault", "fexit_fault"), ("fentry",)),
-    Strategy("kprobe", ("kprobe_fault", "kretprobe_fault"), ("kprobe",)),
+    Strategy("fentry", ("fentry_fault", "fexit_fault", "btf_thread_exit"), ("fentry",)),
+    Strategy("kprobe", ("kprobe_fault", "kretprobe_fault", "tp_thread_exit"), ("kprobe",)),
     Strategy(
         "tp_btf+perf",
-        ("btf_fault_user", "btf_fault_kernel", *PERF_PROGRAMS),
+        ("btf_fault_user", "btf_fault_kernel", "btf_thread_exit", *PERF_PROGRAMS),
         ("tp_btf", "perf_event"),
     ),
     Strategy(
         "tracepoint+perf",
-        ("tp_fault_user", "tp_fault_kernel", *PERF_PROGRAMS),
+        ("tp_fault_user", "tp_fault_kernel", "tp_thread_exit", *PERF_PROGRAMS),
         ("tracepoint", "perf_event"),
     ),
 )
@@ -236,8 +236,11 @@ class Memlat:
         obj = BpfObject(object_path("memlat"))
         try:
             o = self.opts
+            slots = start_slots()
+            obj.resize("starts", slots)
             obj.set_rodata(
                 {
+                    "starts_mask": slots - 1,
                     "latency_unit_ns": o.unit_ns,
                     "tail_ns": o.tail_ns,
                     "per_process": o.per_process,
@@ -285,18 +288,27 @@ class Memlat:
             )
         per_cpu = self.obj.maps["counters"].lookup(0)
         counters = {n: int(per_cpu[n].sum()) for n in per_cpu.dtype.names}
+        # The kernel counts neither: every matched fault is in a slot or in
+        # hists_full, the open ones hold a start time, the rest ended as a loss.
+        counters["matched"] = sum(c.count for c in cells.values()) + counters["hists_full"]
         _, starts = self.obj.maps["starts"].items()
         inflight = int((starts["ts_ns"] != 0).sum()) if len(starts) else 0
-        # LRU evictions are not reported by the kernel: they are what is left over.
-        counters["evicted"] = max(
-            0,
-            counters["started"]
-            - counters["matched"]
-            - counters["stale"]
-            - counters["failed"]
-            - inflight,
-        )
+        ended = ("matched", "stale", "failed", "exited", "evicted")
+        counters["started"] = inflight + sum(counters[k] for k in ended)
         return Snapshot(time.monotonic(), cells, counters, inflight, 0.0, self.opts.unit_ns)
+
+
+MAX_START_SLOTS = 1 << 18  # 4 MiB of slots at most
+
+
+def start_slots(pid_max_path: str = "/proc/sys/kernel/pid_max") -> int:
+    """Slots of the in-flight array (a power of two): one per possible thread ID
+    when pid_max allows it, so that no two live threads share a slot."""
+    try:
+        pid_max = int(Path(pid_max_path).read_text())
+    except (OSError, ValueError):
+        pid_max = MAX_START_SLOTS
+    return min(MAX_START_SLOTS, 1 << max(pid_max - 1, 1).bit_length())
 
 
 def _attach_per_cpu(obj: BpfObject, prog: str, event: tuple[int, int]) -> None:
