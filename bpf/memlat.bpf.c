@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
-/* meridian memlat: page-fault handling latency, t_exit - t_entry keyed by pid_tgid
- * (seed 001), as log2 histograms per minor/major fault (and per process with -P).
+/* meridian memlat: page-fault handling latency, t_exit - t_entry matched per thread
+ * (the thread half of the seed's pid_tgid key, as an array slot), as log2 histograms
+ * per minor/major fault (and per process with -P).
  *
  * Strategies for the same logic, picked at run time by autoload, best first:
  *   fentry_* / fexit_*: handle_mm_fault itself (needs BPF trampolines); these also
@@ -13,8 +14,9 @@
  *          handle_mm_fault(), in the faulting thread, once per finished fault;
  *   tp_*  + perf_*: the same entry through the plain tracepoints.
  * A fault that fails (SIGSEGV, exception fixup) never reaches the exit: its entry is
- * overwritten by the thread's next fault (counted as stale), and the LRU map bounds
- * what is left behind.
+ * overwritten by the thread's next fault (counted as stale), or the thread exits with
+ * it (counted as exited). The entries are global, not per CPU: a major fault sleeps
+ * on I/O and may finish on another CPU.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>

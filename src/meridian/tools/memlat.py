@@ -1,5 +1,5 @@
-"""meridian memlat: page-fault handling latency (seed 001), t_exit - t_entry keyed by
-pid_tgid, as log2 histograms per minor/major fault and, with -P, per process.
+"""meridian memlat: page-fault handling latency (seed 001), t_exit - t_entry matched
+per thread, as log2 histograms per minor/major fault and, with -P, per process.
 
 The kernel counts into a per-CPU hash map keyed by (pid, kind, comm); every view here
 is a sum over it. Intervals are differences of two snapshots, so no sample is lost to
@@ -26,6 +26,7 @@ from ..bpf import BpfObject, PerfEvent, Strategy, choose, object_path, open_per_
 from ..errors import UsageError
 from ..hist import Log2Hist
 from ..output import JsonWriter, iso_now, print_table
+from ..proc import thread_slots
 from ..reporting import pid_arg, positive_number, run_histograms
 from ..system import ensure_ready
 
@@ -236,7 +237,7 @@ class Memlat:
         obj = BpfObject(object_path("memlat"))
         try:
             o = self.opts
-            slots = start_slots()
+            slots = thread_slots()
             obj.resize("starts", slots)
             obj.set_rodata(
                 {
@@ -296,19 +297,6 @@ class Memlat:
         ended = ("matched", "stale", "failed", "exited", "evicted")
         counters["started"] = inflight + sum(counters[k] for k in ended)
         return Snapshot(time.monotonic(), cells, counters, inflight, 0.0, self.opts.unit_ns)
-
-
-MAX_START_SLOTS = 1 << 18  # 4 MiB of slots at most
-
-
-def start_slots(pid_max_path: str = "/proc/sys/kernel/pid_max") -> int:
-    """Slots of the in-flight array (a power of two): one per possible thread ID
-    when pid_max allows it, so that no two live threads share a slot."""
-    try:
-        pid_max = int(Path(pid_max_path).read_text())
-    except (OSError, ValueError):
-        pid_max = MAX_START_SLOTS
-    return min(MAX_START_SLOTS, 1 << max(pid_max - 1, 1).bit_length())
 
 
 def _attach_per_cpu(obj: BpfObject, prog: str, event: tuple[int, int]) -> None:
