@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from meridian.bpf import BpfObject, object_path
@@ -36,7 +37,14 @@ def test_faults_of_a_page_toucher_are_attributed_to_its_pid(strategy: str) -> No
     with Memlat(opts) as tool, page_toucher(64) as child:
         before = tool.snapshot()
         result = run_toucher(child)
-        snap = tool.snapshot().since(before)
+        cumulative = tool.snapshot()
+        snap = cumulative.since(before)
+    # The largest latency of each histogram lies in its highest non-empty slot (the
+    # usec slot comes from a multiply and a shift, max_ns from the same latency).
+    for cell in cumulative.cells.values():
+        top = int(np.flatnonzero(cell.slots)[-1])
+        max_us = cell.max_ns // 1000
+        assert (top == 0 and max_us <= 1) or (1 << top) <= max_us < (1 << (top + 1))
     pid = result["pid"]
     assert result["pages"] == PAGES
     mine = snap.total(opts.unit, pid=pid)

@@ -47,8 +47,10 @@ LOST = ("stale", "unmatched", "failed", "exited", "evicted", "hists_full")
 PERF_PROGRAMS = ("perf_fault_min", "perf_fault_maj")
 
 STRATEGIES = (
-    Strategy("fentry", ("fentry_fault", "fexit_fault", "btf_thread_exit"), ("fentry",)),
-    Strategy("kprobe", ("kprobe_fault", "kretprobe_fault", "tp_thread_exit"), ("kprobe",)),
+    Strategy("fentry", ("fentry_fault", "fexit_fault", "btf_thread_exit"), ("fentry", "tp_btf")),
+    Strategy(
+        "kprobe", ("kprobe_fault", "kretprobe_fault", "tp_thread_exit"), ("kprobe", "tracepoint")
+    ),
     Strategy(
         "tp_btf+perf",
         ("btf_fault_user", "btf_fault_kernel", "btf_thread_exit", *PERF_PROGRAMS),
