@@ -219,15 +219,18 @@ static __always_inline void ret_exit(__u32 ret)
 			      : MEMLAT_MINOR);
 }
 
-/* A thread exits: a fault it left open never finishes (its storage goes with it). */
+/* A thread exits: a fault it left open never finishes. Close the slot, so that a
+ * later thread with the same tid starts afresh (not stale, not retrying). */
 static __always_inline void thread_exit(__u32 tid)
 {
 	struct memlat_start *st = slot_of(tid);
 
-	if (st && st->tid == tid && st->ts_ns) {
-		st->ts_ns = 0;
+	if (!st || st->tid != tid)
+		return;
+	if (st->ts_ns)
 		COUNT(exited);
-	}
+	st->ts_ns = 0;
+	st->retrying = 0;
 }
 
 SEC("tp_btf/sched_process_exit")

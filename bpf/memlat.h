@@ -30,7 +30,8 @@ struct memlat_hist {
 struct memlat_start {
 	__u64 ts_ns;
 	__u32 tid;	/* the thread the slot belongs to */
-	__u16 flags;	/* handle_mm_fault flags (fentry/kprobe paths; they fit 16 bits) */
+	__u16 flags;	/* handle_mm_fault flags, low 16 bits (fentry/kprobe paths read
+			 * only FAULT_FLAG_TRIED, 0x20) */
 	__u16 retrying;	/* handle_mm_fault returned VM_FAULT_RETRY: it will be called again */
 };
 
