@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
-/* meridian memlat: page-fault handling latency, t_exit - t_entry keyed by pid_tgid
- * (seed 001), as log2 histograms per minor/major fault (and per process with -P).
+/* meridian memlat: page-fault handling latency, t_exit - t_entry matched per thread
+ * (the thread half of the seed's pid_tgid key, as an array slot), as log2 histograms
+ * per minor/major fault (and per process with -P).
  *
  * Strategies for the same logic, picked at run time by autoload, best first:
  *   fentry_* / fexit_*: handle_mm_fault itself (needs BPF trampolines); these also
@@ -13,8 +14,9 @@
  *          handle_mm_fault(), in the faulting thread, once per finished fault;
  *   tp_*  + perf_*: the same entry through the plain tracepoints.
  * A fault that fails (SIGSEGV, exception fixup) never reaches the exit: its entry is
- * overwritten by the thread's next fault (counted as stale), and the LRU map bounds
- * what is left behind.
+ * overwritten by the thread's next fault (counted as stale), or the thread exits with
+ * it (counted as exited). The entries are global, not per CPU: a major fault sleeps
+ * on I/O and may finish on another CPU.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -34,12 +36,18 @@ const volatile __u64 tail_ns = 8000;		/* the tail threshold */
 const volatile bool per_process = false;	/* -P */
 const volatile __u32 filter_pid = 0;		/* -p: thread group id, 0 = all */
 
+/* Each thread's fault in progress, in the slot tid % the array's size (user space
+ * sizes it to pid_max when it can, so live threads never share a slot): an array
+ * lookup is a few inlined instructions, no hashing. The slot keeps the tid it belongs
+ * to; a thread that finds another's tid there takes the slot over (counted). */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u64);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 32768);	/* a power of two: resized before load */
+	__type(key, __u32);
 	__type(value, struct memlat_start);
 } starts SEC(".maps");
+
+const volatile __u32 starts_mask = 32768 - 1;	/* max_entries of starts - 1 */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
@@ -79,45 +87,77 @@ static __always_inline struct memlat_counters *cnt(void)
 			__sync_fetch_and_add(&c->field, 1); \
 	} while (0)
 
-static __always_inline bool filtered(__u64 pid_tgid)
+/* The slot of thread tid (never NULL: the index is masked into the array). */
+static __always_inline struct memlat_start *slot_of(__u32 tid)
 {
-	return filter_pid && (__u32)(pid_tgid >> 32) != filter_pid;
+	__u32 idx = tid & starts_mask;
+
+	return bpf_map_lookup_elem(&starts, &idx);
 }
 
-/* A fault starts in this thread. A thread keeps its entry between faults (ts_ns 0 when
- * closed): an update in place is much cheaper than an insert and a delete per fault. */
+/* A fault starts in this thread. A thread keeps its slot between faults (ts_ns 0 when
+ * closed). */
 static __always_inline void fault_start(__u32 flags)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	struct memlat_start *st, init = {};
+	struct memlat_start *st;
+	__u32 tid = id;
 
-	if (filtered(id))
+	if (filter_pid && (__u32)(id >> 32) != filter_pid)
 		return;
-	st = bpf_map_lookup_elem(&starts, &id);
-	if (st) {
-		if (st->retrying) {
-			/* handle_mm_fault called again after VM_FAULT_RETRY: the same fault,
-			 * started at the first call; the last call's flags decide major/minor
-			 * (FAULT_FLAG_TRIED is set there when the kernel retried it). */
-			st->retrying = 0;
-			st->flags = flags;
-			return;
-		}
+	st = slot_of(tid);
+	if (!st)
+		return;
+	if (st->tid != tid) {
+		/* Another thread's slot (tids equal modulo the array size): take it. */
 		if (st->ts_ns)
-			COUNT(stale);
-		st->ts_ns = bpf_ktime_get_ns();
+			COUNT(evicted);
+		st->tid = tid;
+		st->retrying = 0;
+	} else if (st->retrying) {
+		/* handle_mm_fault called again after VM_FAULT_RETRY: the same fault, started
+		 * at the first call; the last call's flags decide major/minor
+		 * (FAULT_FLAG_TRIED is set there when the kernel retried it). */
+		st->retrying = 0;
 		st->flags = flags;
-		COUNT(started);
 		return;
+	} else if (st->ts_ns) {
+		COUNT(stale);
 	}
-	init.ts_ns = bpf_ktime_get_ns();
-	init.flags = flags;
-	bpf_map_update_elem(&starts, &id, &init, BPF_ANY);
-	COUNT(started);
+	st->ts_ns = bpf_ktime_get_ns();
+	st->flags = flags;
+}
+
+/* This thread's open fault, or NULL (counted unmatched). */
+static __always_inline struct memlat_start *open_fault(void)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct memlat_start *st;
+
+	if (filter_pid && (__u32)(id >> 32) != filter_pid)
+		return NULL;
+	st = slot_of(id);
+	if (!st || st->tid != (__u32)id || !st->ts_ns) {
+		COUNT(unmatched);
+		return NULL;
+	}
+	return st;
+}
+
+/* A latency in the histogram's unit: nsecs as they are; usecs by a multiply and a
+ * shift instead of a division: 274877907 = ceil(2^38 / 1000) is exact for every
+ * ns < 2^38 / 56 (56 = 274877907 * 1000 - 2^38), so for all below 2^32 ns (4.3 s). */
+static __always_inline __u64 in_units(__u64 ns)
+{
+	if (latency_unit_ns == 1)
+		return ns;
+	if (latency_unit_ns == 1000 && ns < (1ULL << 32))
+		return (ns * 274877907ULL) >> 38;
+	return ns / latency_unit_ns;
 }
 
 /* The fault of this thread finished: account it as `kind`. */
-static __always_inline void fault_end(__u64 id, struct memlat_start *st, enum memlat_kind kind)
+static __always_inline void fault_end(struct memlat_start *st, enum memlat_kind kind)
 {
 	__u64 delta = bpf_ktime_get_ns() - st->ts_ns;
 	struct memlat_key key = { .kind = kind };
@@ -125,9 +165,8 @@ static __always_inline void fault_end(__u64 id, struct memlat_start *st, enum me
 	__u32 idx = kind;
 
 	st->ts_ns = 0;
-	COUNT(matched);
 	if (per_process) {
-		key.pid = id >> 32;
+		key.pid = bpf_get_current_pid_tgid() >> 32;
 		bpf_get_current_comm(&key.comm, sizeof(key.comm));
 		h = lookup_or_init(&hists, &key, &zero_hist);
 	} else {
@@ -139,8 +178,9 @@ static __always_inline void fault_end(__u64 id, struct memlat_start *st, enum me
 	}
 	/* A per-CPU value, and exits do not nest on a CPU (perf_event programs are kept
 	 * from nesting by the kernel; faults do not run handle_mm_fault in interrupts):
-	 * plain adds are exact and cheaper than atomics. */
-	h->slots[hist_slot(delta / latency_unit_ns, MEMLAT_MAX_SLOTS)]++;
+	 * plain adds are exact and cheaper than atomics. The faults matched are the sum
+	 * of the slots (plus hists_full): no counter of their own. */
+	h->slots[hist_slot(in_units(delta), MEMLAT_MAX_SLOTS)]++;
 	h->sum_ns += delta;
 	if (delta >= tail_ns)
 		h->tail++;
@@ -151,33 +191,20 @@ static __always_inline void fault_end(__u64 id, struct memlat_start *st, enum me
 /* Exit seen as a perf software event: the kind is the event's. */
 static __always_inline int perf_exit(enum memlat_kind kind)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	struct memlat_start *st;
+	struct memlat_start *st = open_fault();
 
-	if (filtered(id))
-		return 0;
-	st = bpf_map_lookup_elem(&starts, &id);
-	if (!st || !st->ts_ns) {
-		COUNT(unmatched);
-		return 0;
-	}
-	fault_end(id, st, kind);
+	if (st)
+		fault_end(st, kind);
 	return 0;	/* 0: the kernel writes no perf sample */
 }
 
 /* Exit seen at the return of handle_mm_fault: decide as mm_account_fault() does. */
 static __always_inline void ret_exit(__u32 ret)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	struct memlat_start *st;
+	struct memlat_start *st = open_fault();
 
-	if (filtered(id))
+	if (!st)
 		return;
-	st = bpf_map_lookup_elem(&starts, &id);
-	if (!st || !st->ts_ns) {
-		COUNT(unmatched);
-		return;
-	}
 	if (ret & VM_FAULT_RETRY_BIT) {
 		st->retrying = 1;	/* not finished: mm_account_fault() waits too */
 		return;
@@ -187,9 +214,37 @@ static __always_inline void ret_exit(__u32 ret)
 		COUNT(failed);
 		return;
 	}
-	fault_end(id, st,
-		  (ret & VM_FAULT_MAJOR_BIT) || (st->flags & FAULT_FLAG_TRIED_BIT) ? MEMLAT_MAJOR
-										    : MEMLAT_MINOR);
+	fault_end(st, (ret & VM_FAULT_MAJOR_BIT) || (st->flags & FAULT_FLAG_TRIED_BIT)
+			      ? MEMLAT_MAJOR
+			      : MEMLAT_MINOR);
+}
+
+/* A thread exits: a fault it left open never finishes. Close the slot, so that a
+ * later thread with the same tid starts afresh (not stale, not retrying). */
+static __always_inline void thread_exit(__u32 tid)
+{
+	struct memlat_start *st = slot_of(tid);
+
+	if (!st || st->tid != tid)
+		return;
+	if (st->ts_ns)
+		COUNT(exited);
+	st->ts_ns = 0;
+	st->retrying = 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(btf_thread_exit, struct task_struct *task)
+{
+	thread_exit(task->pid);
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_process_exit")
+int tp_thread_exit(void *ctx)
+{
+	thread_exit(bpf_get_current_pid_tgid());
+	return 0;
 }
 
 /* ---- fentry/fexit --------------------------------------------------------------- */

@@ -26,21 +26,27 @@ struct memlat_hist {
 	__u64 tail;	/* faults at or above the tail threshold, counted exactly */
 };
 
-/* A thread's fault in progress (ts_ns 0 between faults), keyed by pid_tgid. */
+/* A thread's fault in progress (ts_ns 0 between faults), in the slot tid % size. */
 struct memlat_start {
 	__u64 ts_ns;
-	__u32 flags;	/* handle_mm_fault flags (fentry/kprobe paths) */
-	__u32 retrying;	/* handle_mm_fault returned VM_FAULT_RETRY: it will be called again */
+	__u32 tid;	/* the thread the slot belongs to */
+	__u16 flags;	/* handle_mm_fault flags, low 16 bits (fentry/kprobe paths read
+			 * only FAULT_FLAG_TRIED, 0x20) */
+	__u16 retrying;	/* handle_mm_fault returned VM_FAULT_RETRY: it will be called again */
 };
 
-/* Everything the tool drops or cannot match, counted per CPU, never silently. */
+/* Everything the tool drops or cannot match, counted per CPU, never silently. Faults
+ * started and matched are not counted here (one atomic add fewer per fault each): the
+ * matched ones are the histograms' total plus hists_full, the open ones are the slots
+ * with a start time, and every other start ended as one of these. */
 struct memlat_counters {
-	__u64 started;		/* fault entries recorded */
-	__u64 matched;		/* entries closed by an exit: the histogram total */
 	__u64 stale;		/* entries overwritten by the next fault of the thread: the
 				 * fault failed (SIGSEGV, fixup) and never reached the exit */
 	__u64 unmatched;	/* exits without an entry (faults in flight at attach) */
 	__u64 failed;		/* handle_mm_fault returned an error (fentry/kprobe paths) */
+	__u64 exited;		/* threads that exited with a fault open (it never finished) */
+	__u64 evicted;		/* open faults whose slot another thread took (tids equal
+				 * modulo the slot array's size; never when it is pid_max) */
 	__u64 hists_full;	/* samples not counted: histogram map full */
 };
 

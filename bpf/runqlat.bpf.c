@@ -23,15 +23,19 @@ const volatile __u64 latency_unit_ns = 1000;	/* slots of usecs (or msecs with -m
 const volatile bool per_process = false;	/* -P */
 const volatile __u32 filter_pid = 0;		/* -p: tgid (tp_btf) or tid (tracepoint) */
 
-/* When each thread became runnable (0: not waiting). A thread keeps its entry: an
- * update in place is much cheaper than an insert and a delete per switch; the LRU
- * lets the entries of threads that exited go. */
+/* When each thread became runnable (0: not waiting), in the slot tid % the array's
+ * size (user space sizes it to pid_max when it can, so live threads never share a
+ * slot): an array lookup is a few inlined instructions, no hashing. A thread keeps
+ * its slot; the slot keeps the tid it belongs to, and a thread that finds another's
+ * tid there takes it over (that one's wait is then not matched). */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 32768);	/* a power of two: resized before load */
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, struct runqlat_start);
 } start SEC(".maps");
+
+const volatile __u32 starts_mask = 32768 - 1;	/* max_entries of start - 1 */
 
 /* Without -P: the one histogram, in a per-CPU array (no hashing). */
 struct {
@@ -65,34 +69,42 @@ static const struct runqlat_hist zero_hist;
 			c->field++;                                         \
 	} while (0)
 
+static __always_inline struct runqlat_start *slot_of(__u32 tid)
+{
+	__u32 idx = tid & starts_mask;
+
+	return bpf_map_lookup_elem(&start, &idx);
+}
+
 static __always_inline void enqueue(__u32 tid, __u32 tgid, __u64 now)
 {
-	__u64 *tsp;
+	struct runqlat_start *st;
 
 	if (!tid || (filter_pid && tgid != filter_pid))
 		return;
-	tsp = bpf_map_lookup_elem(&start, &tid);
-	if (tsp)
-		*tsp = now;
-	else if (bpf_map_update_elem(&start, &tid, &now, BPF_ANY))
+	st = slot_of(tid);
+	if (!st)
 		return;
+	st->tid = tid;
+	st->ts_ns = now;
 	COUNT(enqueued);
 }
 
 static __always_inline void switched_in(__u32 tid, __u32 tgid, const char *comm, __u64 now)
 {
-	__u64 *tsp, delta;
+	struct runqlat_start *st;
 	struct runqlat_key key = {};
 	struct runqlat_hist *h;
 	__u32 zero = 0;
+	__u64 delta;
 
 	if (filter_pid && tgid != filter_pid)
 		return;
-	tsp = bpf_map_lookup_elem(&start, &tid);
-	if (!tsp || !*tsp)
+	st = slot_of(tid);
+	if (!st || st->tid != tid || !st->ts_ns)
 		return;
-	delta = now - *tsp;
-	*tsp = 0;
+	delta = now - st->ts_ns;
+	st->ts_ns = 0;
 	COUNT(matched);
 	if (per_process) {
 		key.pid = tgid;

@@ -19,6 +19,13 @@ struct runqlat_hist {
 	__u64 max_ns;
 };
 
+/* A thread's wait in progress (ts_ns 0 when not waiting), in the slot tid % size. */
+struct runqlat_start {
+	__u64 ts_ns;
+	__u32 tid;	/* the thread the slot belongs to */
+	__u32 pad;
+};
+
 struct runqlat_counters {
 	__u64 enqueued;		/* wake-ups and preemptions recorded */
 	__u64 matched;		/* of those, switched in: the histogram total */

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from meridian.bpf import BpfObject, object_path
@@ -35,7 +37,14 @@ def test_faults_of_a_page_toucher_are_attributed_to_its_pid(strategy: str) -> No
     with Memlat(opts) as tool, page_toucher(64) as child:
         before = tool.snapshot()
         result = run_toucher(child)
-        snap = tool.snapshot().since(before)
+        cumulative = tool.snapshot()
+        snap = cumulative.since(before)
+    # The largest latency of each histogram lies in its highest non-empty slot (the
+    # usec slot comes from a multiply and a shift, max_ns from the same latency).
+    for cell in cumulative.cells.values():
+        top = int(np.flatnonzero(cell.slots)[-1])
+        max_us = cell.max_ns // 1000
+        assert (top == 0 and max_us <= 1) or (1 << top) <= max_us < (1 << (top + 1))
     pid = result["pid"]
     assert result["pages"] == PAGES
     mine = snap.total(opts.unit, pid=pid)
@@ -78,7 +87,7 @@ def test_json_report_of_a_timed_run() -> None:
     assert len(lines) == 1
     rep = lines[0]
     assert rep["unit"] == "usecs" and rep["strategy"] in {s.name for s in STRATEGIES}
-    assert set(rep["lost"]) == {"stale", "unmatched", "failed", "evicted", "hists_full"}
+    assert set(rep["lost"]) == {"stale", "unmatched", "failed", "exited", "evicted", "hists_full"}
 
 
 def test_validate_passes_here() -> None:
@@ -161,3 +170,105 @@ def test_output_file_gets_the_report(tmp_path: Path) -> None:
     saved = out.read_text()
     assert saved == p.stdout
     assert json.loads(saved)["unit"] == "usecs"
+
+
+MAJOR_PAGES = 256
+MAJOR_CHILD = f"""
+import json, mmap, os, resource, sys
+path = sys.argv[1]
+fd = os.open(path, os.O_RDONLY)
+m = mmap.mmap(fd, {MAJOR_PAGES} * 4096, prot=mmap.PROT_READ)
+m.madvise(mmap.MADV_RANDOM)  # no read-ahead: every page is read from the disk
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache
+print("ready", flush=True)
+sys.stdin.readline()
+r0 = resource.getrusage(resource.RUSAGE_SELF)
+total = sum(m[i * 4096] for i in range({MAJOR_PAGES}))
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({{"majflt": r1.ru_majflt - r0.ru_majflt}}), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_major_faults_that_sleep_on_the_disk_are_measured(tmp_path: Path) -> None:
+    """Faults that wait for I/O (and may resume on another CPU) are matched by thread:
+    the major histogram holds exactly the child's own count of major faults."""
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(MAJOR_PAGES * 4096))
+    with open(data, "rb") as disk_file:
+        os.fsync(disk_file.fileno())
+    child = subprocess.Popen(
+        [sys.executable, "-c", MAJOR_CHILD, str(data)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdin is not None and child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        opts = Options(pid=child.pid, ns=True)
+        with Memlat(opts) as tool:
+            before = tool.snapshot()
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            result = json.loads(child.stdout.readline())
+            snap = tool.snapshot().since(before)
+        major = snap.total(opts.unit, kind=KINDS.index("major"))
+        assert result["majflt"] >= MAJOR_PAGES // 2, result  # the disk was read
+        assert major.count == result["majflt"], (major.count, result, snap.counters)
+        assert snap.counters["unmatched"] == 0
+        # A read from the disk takes longer than a minor fault: over 1 us each.
+        assert int(major.hist.slots[:10].sum()) == 0
+    finally:
+        child.kill()
+        child.wait()
+        for f in (child.stdin, child.stdout):
+            if f:
+                f.close()
+
+
+EXITING_CHILD = """
+import ctypes, os, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+r, w = os.pipe()
+print("ready", flush=True)
+sys.stdin.readline()
+
+def fail_and_exit():
+    # A fault that fails (EFAULT), then the thread ends at once: it never finishes.
+    libc.write(w, ctypes.c_void_p(0x1000), 1)
+    libc.syscall(60, 0)  # SYS_exit: this thread only, with no more user code
+
+t = threading.Thread(target=fail_and_exit)
+t.start()
+while len(os.listdir("/proc/self/task")) > 1:
+    time.sleep(0.01)
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_thread_that_exits_with_a_fault_open_is_counted() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", EXITING_CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdin is not None and child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        with Memlat(Options(pid=child.pid)) as tool:
+            before = tool.snapshot()
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "done"
+            snap = tool.snapshot().since(before)
+        assert snap.counters["exited"] == 1
+        assert snap.inflight == 0
+    finally:
+        child.kill()
+        child.wait()
+        for f in (child.stdin, child.stdout):
+            if f:
+                f.close()

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from meridian.proc import dev_major, dev_minor, device_name, kernel_dev, parse_device
+from meridian.proc import dev_major, dev_minor, device_name, kernel_dev, parse_device, thread_slots
 
 
 @pytest.fixture
@@ -47,3 +47,14 @@ def test_parse_device(spec: str, sys_root: Path) -> None:
 def test_parse_device_errors_name_the_input(spec: str, sys_root: Path) -> None:
     with pytest.raises(ValueError, match="device"):
         parse_device(spec, sys_root)
+
+
+@pytest.mark.parametrize(
+    ("pid_max", "slots"),
+    [("32768\n", 32768), ("32769", 65536), ("4194304", 1 << 18), ("", 1 << 18), (None, 1 << 18)],
+)
+def test_thread_slots_cover_pid_max(tmp_path: Path, pid_max: str | None, slots: int) -> None:
+    if pid_max is not None:
+        (tmp_path / "sys/kernel").mkdir(parents=True)
+        (tmp_path / "sys/kernel/pid_max").write_text(pid_max)
+    assert thread_slots(tmp_path) == slots

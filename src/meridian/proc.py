@@ -13,6 +13,7 @@ __all__ = [
     "device_name",
     "kernel_dev",
     "parse_device",
+    "thread_slots",
 ]
 
 MINORBITS = 20
@@ -71,3 +72,14 @@ def comm_of(pid: int, proc_root: str | Path = "/proc") -> str | None:
         return (Path(proc_root) / str(pid) / "comm").read_text().strip()
     except OSError:
         return None
+
+
+def thread_slots(proc_root: str | Path = "/proc", cap: int = 1 << 18) -> int:
+    """Size of a BPF array with one slot per thread, indexed by TID modulo its size:
+    the power of two that covers pid_max (so no two live threads share a slot), at
+    most `cap`; `cap` when pid_max cannot be read."""
+    try:
+        pid_max = int(Path(proc_root, "sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        return cap
+    return min(cap, 1 << max(pid_max - 1, 1).bit_length())

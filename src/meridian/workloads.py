@@ -196,10 +196,11 @@ def main(argv: list[str] | None = None) -> int:
             print("ready", flush=True)
             sys.stdin.readline()
         rounds = args.rounds if args.rounds or args.seconds else 1
-        start = time.monotonic()
+        start, cpu = time.monotonic(), time.process_time()
         pages = page_touch(args.mb, args.seconds, rounds)
-        secs = time.monotonic() - start
-        print(json.dumps({"pid": os.getpid(), "pages": pages, "seconds": secs}), flush=True)
+        secs, cpu = time.monotonic() - start, time.process_time() - cpu
+        result = {"pid": os.getpid(), "pages": pages, "seconds": secs, "cpu_seconds": cpu}
+        print(json.dumps(result), flush=True)
     elif args.name == "spin":
         spin(args.workers, args.seconds)
     elif args.name == "pingpong":

@@ -1,5 +1,5 @@
-"""meridian memlat: page-fault handling latency (seed 001), t_exit - t_entry keyed by
-pid_tgid, as log2 histograms per minor/major fault and, with -P, per process.
+"""meridian memlat: page-fault handling latency (seed 001), t_exit - t_entry matched
+per thread, as log2 histograms per minor/major fault and, with -P, per process.
 
 The kernel counts into a per-CPU hash map keyed by (pid, kind, comm); every view here
 is a sum over it. Intervals are differences of two snapshots, so no sample is lost to
@@ -27,6 +27,7 @@ from ..errors import UsageError
 from ..export import ExportOptions, Family, HistPoint, Point, add_arguments, from_args
 from ..hist import Log2Hist
 from ..output import JsonWriter, iso_now, print_table
+from ..proc import thread_slots
 from ..reporting import pid_arg, positive_number, run_histograms
 from ..system import ensure_ready
 
@@ -43,20 +44,22 @@ __all__ = [
 ]
 
 KINDS = ("minor", "major")
-LOST = ("stale", "unmatched", "failed", "evicted", "hists_full")
+LOST = ("stale", "unmatched", "failed", "exited", "evicted", "hists_full")
 PERF_PROGRAMS = ("perf_fault_min", "perf_fault_maj")
 
 STRATEGIES = (
-    Strategy("fentry", ("fentry_fault", "fexit_fault"), ("fentry",)),
-    Strategy("kprobe", ("kprobe_fault", "kretprobe_fault"), ("kprobe",)),
+    Strategy("fentry", ("fentry_fault", "fexit_fault", "btf_thread_exit"), ("fentry", "tp_btf")),
+    Strategy(
+        "kprobe", ("kprobe_fault", "kretprobe_fault", "tp_thread_exit"), ("kprobe", "tracepoint")
+    ),
     Strategy(
         "tp_btf+perf",
-        ("btf_fault_user", "btf_fault_kernel", *PERF_PROGRAMS),
+        ("btf_fault_user", "btf_fault_kernel", "btf_thread_exit", *PERF_PROGRAMS),
         ("tp_btf", "perf_event"),
     ),
     Strategy(
         "tracepoint+perf",
-        ("tp_fault_user", "tp_fault_kernel", *PERF_PROGRAMS),
+        ("tp_fault_user", "tp_fault_kernel", "tp_thread_exit", *PERF_PROGRAMS),
         ("tracepoint", "perf_event"),
     ),
 )
@@ -240,8 +243,11 @@ class Memlat:
         obj = BpfObject(object_path("memlat"))
         try:
             o = self.opts
+            slots = thread_slots()
+            obj.resize("starts", slots)
             obj.set_rodata(
                 {
+                    "starts_mask": slots - 1,
                     "latency_unit_ns": o.unit_ns,
                     "tail_ns": o.tail_ns,
                     "per_process": o.per_process,
@@ -289,17 +295,13 @@ class Memlat:
             )
         per_cpu = self.obj.maps["counters"].lookup(0)
         counters = {n: int(per_cpu[n].sum()) for n in per_cpu.dtype.names}
+        # The kernel counts neither: every matched fault is in a slot or in
+        # hists_full, the open ones hold a start time, the rest ended as a loss.
+        counters["matched"] = sum(c.count for c in cells.values()) + counters["hists_full"]
         _, starts = self.obj.maps["starts"].items()
         inflight = int((starts["ts_ns"] != 0).sum()) if len(starts) else 0
-        # LRU evictions are not reported by the kernel: they are what is left over.
-        counters["evicted"] = max(
-            0,
-            counters["started"]
-            - counters["matched"]
-            - counters["stale"]
-            - counters["failed"]
-            - inflight,
-        )
+        ended = ("matched", "stale", "failed", "exited", "evicted")
+        counters["started"] = inflight + sum(counters[k] for k in ended)
         return Snapshot(time.monotonic(), cells, counters, inflight, 0.0, self.opts.unit_ns)
 
     def metrics(self) -> list[Family]:

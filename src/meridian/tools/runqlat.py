@@ -25,6 +25,7 @@ from ..errors import UsageError
 from ..export import ExportOptions, Family, HistPoint, Point, add_arguments, from_args
 from ..hist import Log2Hist
 from ..output import JsonWriter, iso_now, print_table
+from ..proc import thread_slots
 from ..reporting import pid_arg, positive_number, run_histograms
 from ..system import ensure_ready, online_cpu_count
 
@@ -124,8 +125,11 @@ class Runqlat:
         obj = BpfObject(object_path("runqlat"))
         try:
             o = self.opts
+            slots = thread_slots()
+            obj.resize("start", slots)
             obj.set_rodata(
                 {
+                    "starts_mask": slots - 1,
                     "latency_unit_ns": o.unit_ns,
                     "per_process": o.per_process,
                     "filter_pid": o.pid or 0,
