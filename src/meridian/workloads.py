@@ -206,21 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     elif args.name == "pingpong":
         trips = pingpong(args.seconds)
         print(json.dumps({"round_trips": trips}), flush=True)
-    if args.name == "file-io":
+    if args.name in ("file-io", "direct-io"):
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so the file is removed
         fd, path = tempfile.mkstemp(prefix="meridian-io-", dir=args.dir)
         os.close(fd)
         try:
-            file_io(path, args.seconds)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            os.unlink(path)
-    if args.name == "direct-io":
-        fd, path = tempfile.mkstemp(prefix="meridian-io-", dir=args.dir)
-        os.close(fd)
-        try:
-            direct_io(path, args.seconds)
+            (file_io if args.name == "file-io" else direct_io)(path, args.seconds)
         except KeyboardInterrupt:
             pass
         finally:
