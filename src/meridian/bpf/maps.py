@@ -101,6 +101,12 @@ class Map:
             raise BpfError(f"lookup in map {self.name}", err)
         return self._decode_values(val.raw, 1)[0].copy()
 
+    def summed(self, key: Any = 0) -> dict[str, int]:
+        """A per-CPU struct of counters (the tools' `counters` map), each field summed
+        over the CPUs."""
+        per_cpu = self.lookup(key)
+        return {n: int(per_cpu[n].sum()) for n in per_cpu.dtype.names}
+
     def update(self, key: Any, value: Any, flags: int = 0) -> None:
         raw = _pack(value, self.value_dtype)
         if self.percpu and len(raw) == self.value_dtype.itemsize:

@@ -192,8 +192,7 @@ class Biolat:
         }
         dkeys, dvals = self.obj.maps["depth"].items()
         inflight = {int(k): int(v["inflight"]) for k, v in zip(dkeys, dvals, strict=True)}
-        per_cpu = self.obj.maps["counters"].lookup(0)
-        counters = {n: int(per_cpu[n].sum()) for n in per_cpu.dtype.names}
+        counters = self.obj.maps["counters"].summed()
         if self.ring is not None:
             counters["events_bad"] = self.ring.bad_records
         return Snapshot(time.monotonic(), cells, inflight, counters)

@@ -184,8 +184,7 @@ class FileIO:
 
     def counters(self) -> dict[str, int]:
         assert self.obj is not None
-        per_cpu = self.obj.maps["counters"].lookup(0)
-        out = {n: int(per_cpu[n].sum()) for n in per_cpu.dtype.names}
+        out = self.obj.maps["counters"].summed()
         if self.ring is not None:
             out["events_bad"] = self.ring.bad_records
         return out

@@ -293,8 +293,7 @@ class Memlat:
                 int(v["max_ns"].max()),
                 int(v["tail"].sum()),
             )
-        per_cpu = self.obj.maps["counters"].lookup(0)
-        counters = {n: int(per_cpu[n].sum()) for n in per_cpu.dtype.names}
+        counters = self.obj.maps["counters"].summed()
         # The kernel counts neither: every matched fault is in a slot or in
         # hists_full, the open ones hold a start time, the rest ended as a loss.
         counters["matched"] = sum(c.count for c in cells.values()) + counters["hists_full"]

@@ -165,8 +165,7 @@ class Runqlat:
             for key, v in zip(labels, vals, strict=True)
         }
         cells = {k: c for k, c in cells.items() if c.count}
-        per_cpu = self.obj.maps["counters"].lookup(0)
-        counters = {n: int(per_cpu[n].sum()) for n in per_cpu.dtype.names}
+        counters = self.obj.maps["counters"].summed()
         return Snapshot(time.monotonic(), cells, counters)
 
     def metrics(self) -> list[Family]:
