@@ -21,13 +21,13 @@ from typing import Any, TextIO
 import numpy as np
 
 from .. import proc
-from ..bpf import BpfObject, RingBuffer, Strategy, choose, hook_exists, object_path
+from ..bpf import BpfObject, RingBuffer, Strategy, choose, hook_exists
 from ..errors import UsageError
 from ..export import ExportOptions, Family, HistPoint, Point, add_arguments, exporting, from_args
 from ..hist import Log2Hist, slot_bounds
 from ..output import JsonWriter, fmt_bytes, iso_now, print_table
 from ..reporting import positive_number, report_loop
-from ..system import ensure_ready
+from ..session import Session
 
 __all__ = ["Biolat", "Options", "Snapshot", "add_parser", "run"]
 
@@ -116,17 +116,16 @@ class Snapshot:
 # ---- the kernel side -----------------------------------------------------------------
 
 
-class Biolat:
+class Biolat(Session):
     """The loaded programs; `snapshot()` reads the maps, `events()` the slow requests,
     `metrics()` the maps again, for export."""
 
     name = "biolat"
+    OBJECT = "biolat"  # bpfobj/biolat.bpf.o
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.strategy = choose(STRATEGIES, opts.strategy)
-        self.obj: BpfObject | None = None
-        self.ring: RingBuffer | None = None
         self.selected: list[str] = []
 
     def programs(self, obj: BpfObject) -> list[str]:
@@ -142,44 +141,28 @@ class Biolat:
             p for p in extra if hook_exists(obj.programs[p].section)
         ]
 
-    def __enter__(self) -> Biolat:
-        ensure_ready()
-        obj = BpfObject(object_path("biolat"))
-        try:
-            o = self.opts
-            obj.set_rodata(
-                {
-                    "targ_queued": o.queued,
-                    "latency_unit_ns": o.unit_ns,
-                    "filter_dev_on": o.disk is not None,
-                    "filter_dev": o.disk or 0,
-                    "track_depth": o.depth,
-                    "slow_on": o.slow_ms is not None,
-                    "slow_ns": int((o.slow_ms or 0) * 1_000_000),
-                    "wakeup_bytes": o.ring_bytes // 4,
-                }
-            )
-            obj.resize("events", o.ring_bytes)
-            self.selected = self.programs(obj)
-            obj.select(self.selected)
-            obj.load()
-            obj.attach()
-            if o.slow_ms is not None:
-                assert obj.btf is not None
-                self.ring = RingBuffer.of_map(
-                    obj.maps["events"], obj.btf.struct_dtype("biolat_event")
-                )
-        except BaseException:
-            obj.close()
-            raise
-        self.obj = obj
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.ring:
-            self.ring.close()
-        if self.obj:
-            self.obj.close()
+    def setup(self, obj: BpfObject) -> None:
+        o = self.opts
+        obj.set_rodata(
+            {
+                "targ_queued": o.queued,
+                "latency_unit_ns": o.unit_ns,
+                "filter_dev_on": o.disk is not None,
+                "filter_dev": o.disk or 0,
+                "track_depth": o.depth,
+                "slow_on": o.slow_ms is not None,
+                "slow_ns": int((o.slow_ms or 0) * 1_000_000),
+                "wakeup_bytes": o.ring_bytes // 4,
+            }
+        )
+        obj.resize("events", o.ring_bytes)
+        self.selected = self.programs(obj)
+        obj.select(self.selected)
+        obj.load()
+        obj.attach()
+        if o.slow_ms is not None:
+            assert obj.btf is not None
+            self.ring = RingBuffer.of_map(obj.maps["events"], obj.btf.struct_dtype("biolat_event"))
 
     def snapshot(self) -> Snapshot:
         assert self.obj is not None

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
-from ..bpf import BpfObject, RingBuffer, Strategy, choose, hook_exists, object_path
+from ..bpf import BpfObject, RingBuffer, Strategy, choose, hook_exists
 from ..errors import UsageError
 from ..export import Exporters, ExportOptions, add_arguments, exporting, from_args
 from ..hist import Log2Hist
 from ..output import JsonWriter, fmt_bytes, print_table
-from ..system import ensure_ready
+from ..session import Session
 from .io_format import TEXT_HEADER, EventFormatter
 from .io_metrics import io_source
 
@@ -107,14 +107,14 @@ class Options:
 # ---- the kernel side -----------------------------------------------------------------
 
 
-class FileIO:
+class FileIO(Session):
     """The loaded programs: `stats()` reads the exact aggregates, `events()` the stream."""
+
+    OBJECT = "io"
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.strategy = choose(STRATEGIES, opts.strategy)
-        self.obj: BpfObject | None = None
-        self.ring: RingBuffer | None = None
         self.selected: list[str] = []
 
     def programs(self, obj: BpfObject) -> list[str]:
@@ -123,50 +123,34 @@ class FileIO:
         block = [p for p in BLOCK if hook_exists(obj.programs[p].section)]
         return progs + list(SIGNALS) + (block if len(block) == len(BLOCK) else [])
 
-    def __enter__(self) -> FileIO:
-        ensure_ready()
-        obj = BpfObject(object_path("io"))
-        try:
-            o = self.opts
-            obj.set_rodata(
-                {
-                    "filter_pid": bool(o.pids),
-                    "filter_comm": bool(o.comms),
-                    "filter_cgroup": o.cgroup[0] if o.cgroup else 0,
-                    "cgroup_level": o.cgroup[1] if o.cgroup else 0,
-                    "self_pid": os.getpid(),
-                    "events_on": not o.no_events,
-                    "disk_only": o.disk_only,
-                    "min_latency_ns": o.min_latency_ns,
-                    "wakeup_bytes": obj.maps["events"].max_entries // 4,
-                }
-            )
-            obj.resize("stats", o.max_pids)
-            obj.resize("disk_io", o.max_pids)
-            self.selected = self.programs(obj)
-            obj.select(self.selected)
-            obj.load()
-            for pid in o.pids:
-                obj.maps["pids"].update(np.uint32(pid), np.uint8(1))
-            for comm in o.comms:
-                obj.maps["comms"].update(comm.encode()[:15].ljust(16, b"\0"), np.uint8(1))
-            obj.attach()
-            if not o.no_events:
-                assert obj.btf is not None
-                self.ring = RingBuffer.of_map(
-                    obj.maps["events"], obj.btf.struct_dtype("fileio_event")
-                )
-        except BaseException:
-            obj.close()
-            raise
-        self.obj = obj
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.ring:
-            self.ring.close()
-        if self.obj:
-            self.obj.close()
+    def setup(self, obj: BpfObject) -> None:
+        o = self.opts
+        obj.set_rodata(
+            {
+                "filter_pid": bool(o.pids),
+                "filter_comm": bool(o.comms),
+                "filter_cgroup": o.cgroup[0] if o.cgroup else 0,
+                "cgroup_level": o.cgroup[1] if o.cgroup else 0,
+                "self_pid": os.getpid(),
+                "events_on": not o.no_events,
+                "disk_only": o.disk_only,
+                "min_latency_ns": o.min_latency_ns,
+                "wakeup_bytes": obj.maps["events"].max_entries // 4,
+            }
+        )
+        obj.resize("stats", o.max_pids)
+        obj.resize("disk_io", o.max_pids)
+        self.selected = self.programs(obj)
+        obj.select(self.selected)
+        obj.load()
+        for pid in o.pids:
+            obj.maps["pids"].update(np.uint32(pid), np.uint8(1))
+        for comm in o.comms:
+            obj.maps["comms"].update(comm.encode()[:15].ljust(16, b"\0"), np.uint8(1))
+        obj.attach()
+        if not o.no_events:
+            assert obj.btf is not None
+            self.ring = RingBuffer.of_map(obj.maps["events"], obj.btf.struct_dtype("fileio_event"))
 
     def stats(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """Keys and per-CPU values of the aggregate map, values summed over CPUs

@@ -22,14 +22,14 @@ from typing import IO, Any, TextIO
 
 import numpy as np
 
-from ..bpf import BpfObject, PerfEvent, Strategy, choose, object_path, open_per_cpu
+from ..bpf import BpfObject, PerfEvent, Strategy, choose, open_per_cpu
 from ..errors import UsageError
 from ..export import ExportOptions, Family, HistPoint, Point, add_arguments, from_args
 from ..hist import Log2Hist
 from ..output import JsonWriter, iso_now, print_table
 from ..proc import thread_slots
 from ..reporting import pid_arg, positive_number, run_histograms
-from ..system import ensure_ready
+from ..session import Session
 
 __all__ = [
     "STRATEGIES",
@@ -228,51 +228,39 @@ def _us(ns: float) -> str:
 # ---- the kernel side -----------------------------------------------------------------
 
 
-class Memlat:
+class Memlat(Session):
     """The loaded programs; `snapshot()` reads the maps, `metrics()` too, for export."""
 
     name = "memlat"
+    OBJECT = "memlat"  # bpfobj/memlat.bpf.o
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.strategy = choose(STRATEGIES, opts.strategy)
-        self.obj: BpfObject | None = None
 
-    def __enter__(self) -> Memlat:
-        ensure_ready()
-        obj = BpfObject(object_path("memlat"))
-        try:
-            o = self.opts
-            slots = thread_slots()
-            obj.resize("starts", slots)
-            obj.set_rodata(
-                {
-                    "starts_mask": slots - 1,
-                    "latency_unit_ns": o.unit_ns,
-                    "tail_ns": o.tail_ns,
-                    "per_process": o.per_process,
-                    "filter_pid": o.pid or 0,
-                }
-            )
-            obj.select(self.strategy.programs)
-            obj.load()
-            obj.attach([p for p in self.strategy.programs if p not in PERF_PROGRAMS])
-            if PERF_PROGRAMS[0] in self.strategy.programs:
-                for prog, event in zip(
-                    PERF_PROGRAMS,
-                    (PerfEvent.PAGE_FAULTS_MIN, PerfEvent.PAGE_FAULTS_MAJ),
-                    strict=True,
-                ):
-                    _attach_per_cpu(obj, prog, event)
-        except BaseException:
-            obj.close()
-            raise
-        self.obj = obj
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.obj:
-            self.obj.close()
+    def setup(self, obj: BpfObject) -> None:
+        o = self.opts
+        slots = thread_slots()
+        obj.resize("starts", slots)
+        obj.set_rodata(
+            {
+                "starts_mask": slots - 1,
+                "latency_unit_ns": o.unit_ns,
+                "tail_ns": o.tail_ns,
+                "per_process": o.per_process,
+                "filter_pid": o.pid or 0,
+            }
+        )
+        obj.select(self.strategy.programs)
+        obj.load()
+        obj.attach([p for p in self.strategy.programs if p not in PERF_PROGRAMS])
+        if PERF_PROGRAMS[0] in self.strategy.programs:
+            for prog, event in zip(
+                PERF_PROGRAMS,
+                (PerfEvent.PAGE_FAULTS_MIN, PerfEvent.PAGE_FAULTS_MAJ),
+                strict=True,
+            ):
+                _attach_per_cpu(obj, prog, event)
 
     def snapshot(self) -> Snapshot:
         assert self.obj is not None

@@ -20,14 +20,15 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..bpf import BpfObject, Strategy, choose, object_path
+from ..bpf import BpfObject, Strategy, choose
 from ..errors import UsageError
 from ..export import ExportOptions, Family, HistPoint, Point, add_arguments, from_args
 from ..hist import Log2Hist
 from ..output import JsonWriter, iso_now, print_table
 from ..proc import thread_slots
 from ..reporting import pid_arg, positive_number, run_histograms
-from ..system import ensure_ready, online_cpu_count
+from ..session import Session
+from ..system import online_cpu_count
 
 __all__ = ["STRATEGIES", "Options", "Runqlat", "Snapshot", "add_parser", "run", "validate"]
 
@@ -110,43 +111,31 @@ class Snapshot:
         return Log2Hist.merge((Log2Hist(c.slots, unit) for c in self.cells.values()), NSLOTS, unit)
 
 
-class Runqlat:
+class Runqlat(Session):
     """The loaded programs; `snapshot()` reads the maps, `metrics()` too, for export."""
 
     name = "runqlat"
+    OBJECT = "runqlat"  # bpfobj/runqlat.bpf.o
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.strategy = choose(STRATEGIES, opts.strategy)
-        self.obj: BpfObject | None = None
 
-    def __enter__(self) -> Runqlat:
-        ensure_ready()
-        obj = BpfObject(object_path("runqlat"))
-        try:
-            o = self.opts
-            slots = thread_slots()
-            obj.resize("start", slots)
-            obj.set_rodata(
-                {
-                    "starts_mask": slots - 1,
-                    "latency_unit_ns": o.unit_ns,
-                    "per_process": o.per_process,
-                    "filter_pid": o.pid or 0,
-                }
-            )
-            obj.select(self.strategy.programs)
-            obj.load()
-            obj.attach()
-        except BaseException:
-            obj.close()
-            raise
-        self.obj = obj
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.obj:
-            self.obj.close()
+    def setup(self, obj: BpfObject) -> None:
+        o = self.opts
+        slots = thread_slots()
+        obj.resize("start", slots)
+        obj.set_rodata(
+            {
+                "starts_mask": slots - 1,
+                "latency_unit_ns": o.unit_ns,
+                "per_process": o.per_process,
+                "filter_pid": o.pid or 0,
+            }
+        )
+        obj.select(self.strategy.programs)
+        obj.load()
+        obj.attach()
 
     def snapshot(self) -> Snapshot:
         assert self.obj is not None

@@ -21,9 +21,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from ..bpf import BpfObject, RingBuffer, Strategy, choose, object_path
+from ..bpf import BpfObject, RingBuffer, Strategy, choose
 from ..errors import ExtraMissing, UsageError
 from ..output import dumps
+from ..session import Session
 from ..syscalls import Aggregator, CompactLog, FilteredLog, Syscall
 from ..syscalls.filters import (
     AllOf,
@@ -40,7 +41,6 @@ from ..syscalls.numbers import FILE_SYSCALLS, NUMBERS, resolve_names
 from ..syscalls.raw import Frames, decode_frames, frames
 from ..syscalls.recording import Recorder, is_jsonl_name, read_events
 from ..syscalls.signatures import fd_position, string_positions
-from ..system import ensure_ready
 
 __all__ = ["STRATEGIES", "Capture", "Options", "add_parser", "run"]
 
@@ -119,71 +119,57 @@ def meta_table(names: Iterable[str]) -> list[dict[str, Any]]:
     return rows
 
 
-class Capture:
+class Capture(Session):
     """The loaded program and its ring buffer. `poll_raw()` returns the records as the
     ring holds them (variable size: strings packed behind each header), `decode()`
     turns them into events, `poll()` does both."""
 
+    OBJECT = "syscalls"
+
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.strategy = choose(STRATEGIES, opts.strategy)
-        self.obj: BpfObject | None = None
-        self.ring: RingBuffer | None = None
         self.offset_ns = time.time_ns() - time.monotonic_ns()
         self.dtype: Any = None
 
-    def __enter__(self) -> Capture:
-        ensure_ready()
-        obj = BpfObject(object_path("syscalls"))
-        try:
-            o = self.opts
-            size = max(1, o.ring_mb) << 20
-            size = 1 << (size - 1).bit_length()  # a power of 2
-            obj.resize("events", size)
+    def setup(self, obj: BpfObject) -> None:
+        o = self.opts
+        size = max(1, o.ring_mb) << 20
+        size = 1 << (size - 1).bit_length()  # a power of 2
+        obj.resize("events", size)
+        obj.set_rodata(
+            {
+                "filter_pids": bool(o.pids or o.command),
+                "follow_children": o.follow,
+                "trace_all": o.all,
+                "self_tgid": os.getpid(),
+                "filter_cgroup": o.cgroup_id is not None,
+                "cgroup_id": o.cgroup_id or 0,
+                "wakeup_bytes": size // 4,
+            }
+        )
+        comm = o.kernel_comm()
+        if comm is not None:
+            pat, fold = comm
             obj.set_rodata(
                 {
-                    "filter_pids": bool(o.pids or o.command),
-                    "follow_children": o.follow,
-                    "trace_all": o.all,
-                    "self_tgid": os.getpid(),
-                    "filter_cgroup": o.cgroup_id is not None,
-                    "cgroup_id": o.cgroup_id or 0,
-                    "wakeup_bytes": size // 4,
+                    "filter_comm": True,
+                    "comm_fold": fold,
+                    "comm_pat_len": len(pat),
+                    "comm_pat": pat,
                 }
             )
-            comm = o.kernel_comm()
-            if comm is not None:
-                pat, fold = comm
-                obj.set_rodata(
-                    {
-                        "filter_comm": True,
-                        "comm_fold": fold,
-                        "comm_pat_len": len(pat),
-                        "comm_pat": pat,
-                    }
-                )
-            obj.select(self.strategy.programs)
-            obj.load()
-            meta = obj.maps["sc_meta"]
-            for nr, row in enumerate(meta_table(o.traced_names())):
-                meta.update(nr, row)
-            for pid in o.pids:
-                self.add_pid(pid, obj)
-            obj.attach()
-            assert obj.btf is not None
-            self.dtype = obj.btf.struct_dtype("syscalls_event")
-            self.ring = RingBuffer.of_map(obj.maps["events"], self.dtype)
-        except BaseException:
-            obj.close()
-            raise
-        self.obj = obj
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.ring:
-            self.ring.close()
-        if self.obj:
-            self.obj.close()
+        obj.select(self.strategy.programs)
+        obj.load()
+        meta = obj.maps["sc_meta"]
+        for nr, row in enumerate(meta_table(o.traced_names())):
+            meta.update(nr, row)
+        for pid in o.pids:
+            self.add_pid(pid, obj)
+        obj.attach()
+        assert obj.btf is not None
+        self.dtype = obj.btf.struct_dtype("syscalls_event")
+        self.ring = RingBuffer.of_map(obj.maps["events"], self.dtype)
 
     def add_pid(self, pid: int, obj: BpfObject | None = None) -> None:
         o = obj or self.obj

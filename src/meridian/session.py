@@ -1,0 +1,47 @@
+"""The lifecycle every tool shares: open its BPF object, set it up, close it on failure.
+
+A tool subclasses `Session`, names its object in `OBJECT` and writes `setup(obj)`
+(globals, map sizes, program selection, load, map contents, attach, ring buffer).
+Whatever step fails, the object (and so every link and map it made) is closed before
+the error goes on; `__exit__` closes the ring buffer and the object.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from .bpf import BpfObject, RingBuffer, object_path
+from .system import ensure_ready
+
+__all__ = ["Session"]
+
+S = TypeVar("S", bound="Session")
+
+
+class Session:
+    OBJECT: str
+    obj: BpfObject | None = None
+    ring: RingBuffer | None = None
+
+    def setup(self, obj: BpfObject) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: S) -> S:
+        ensure_ready()
+        obj = BpfObject(object_path(self.OBJECT))
+        try:
+            self.setup(obj)
+        except BaseException:
+            if self.ring is not None:
+                self.ring.close()
+                self.ring = None
+            obj.close()
+            raise
+        self.obj = obj
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.ring is not None:
+            self.ring.close()
+        if self.obj is not None:
+            self.obj.close()
