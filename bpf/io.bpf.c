@@ -55,18 +55,24 @@ struct fileio_inflight {
 	__s32 fd;
 	__u32 op;
 	__u32 pair;		/* 1: a copy, a read of ino and a write of ino2 */
+	__u32 tid;		/* the thread the slot belongs to */
+	__u32 pad;
 };
 
-/* Task-local storage: the kernel finds a task's entry through a cache slot in the
- * task itself (no hashing), creates it on the thread's first traced operation, reuses
- * it for every later one and frees it when the thread exits: bounded by the number of
- * threads that did file I/O, with nothing to evict. */
+/* Each thread's operation in flight, in the slot tid % the array's size (user space
+ * sizes it to pid_max when it can, so live threads never share a slot). An array
+ * lookup is a few inlined instructions; task-local storage and hash maps are helper
+ * calls, and on a host with return-thunk mitigations (this VM: Safe RET) every call
+ * costs tens of ns. A thread that finds another's tid in its slot takes the slot over;
+ * the other thread's operation, if one was in flight, is counted as evicted. */
 struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 32768);	/* a power of two: resized before load */
+	__type(key, __u32);
 	__type(value, struct fileio_inflight);
 } inflight SEC(".maps");
+
+const volatile __u32 inflight_mask = 32768 - 1;	/* max_entries of inflight - 1 */
 
 /* Pages a read inserted ahead of its own range (readahead): data that came from the
  * disk for the reads that follow. A later read of those pages is served by the disk,
@@ -182,10 +188,26 @@ static const struct fileio_disk_stats zero_disk;
 			c->field++;                                         \
 	} while (0)
 
-static __always_inline bool traced(void)
+/* The slot of thread tid (never NULL: the index is masked into the array). */
+static __always_inline struct fileio_inflight *slot_of(__u32 tid)
 {
-	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	__u32 idx = tid & inflight_mask;
 
+	return bpf_map_lookup_elem(&inflight, &idx);
+}
+
+/* Thread tid's operation in flight, or NULL. */
+static __always_inline struct fileio_inflight *busy_slot(__u32 tid)
+{
+	struct fileio_inflight *st = slot_of(tid);
+
+	if (!st || st->tid != tid || !st->start_ns)
+		return NULL;
+	return st;
+}
+
+static __always_inline bool traced(__u32 pid)
+{
 	if (pid == self_pid)
 		return false;
 	if (filter_pid && !bpf_map_lookup_elem(&pids, &pid))
@@ -204,20 +226,19 @@ static __always_inline bool traced(void)
 }
 
 /* The file behind fd in the current task, or NULL. Every field is a direct load through
- * BTF (a fault reads as zero: no files, a closed fd); only the fd array slot needs a
- * probe read. */
+ * BTF (a fault reads as zero: no files, a closed fd), the fd array slot too: it is read
+ * as a struct kiocb, whose first field is a struct file pointer, instead of through a
+ * bpf_probe_read_kernel call. */
 static __always_inline struct file *fd_file(struct task_struct *task, int fd)
 {
 	struct fdtable *fdt = task->files->fdt;
-	struct file **fds;
-	struct file *f = NULL;
+	struct kiocb *slot;
 
 	if (fd < 0 || (unsigned int)fd >= fdt->max_fds)
 		return NULL;
-	fds = fdt->fd;
-	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]) || !f)
-		return NULL;
-	return bpf_rdonly_cast(f, bpf_core_type_id_kernel(struct file));
+	slot = bpf_rdonly_cast((void *)((unsigned long)fdt->fd + (unsigned long)fd * sizeof(void *)),
+			       bpf_core_type_id_kernel(struct kiocb));
+	return slot->ki_filp;
 }
 
 /* The inode of a regular file, or NULL. */
@@ -230,20 +251,23 @@ static __always_inline struct inode *regular_inode(struct file *f)
 	return inode;
 }
 
-static __always_inline struct fileio_inflight *start_op(struct task_struct *task,
-							struct file *f, int fd, enum io_op op,
-							__u64 bytes_requested, __s64 pos)
+static __always_inline struct fileio_inflight *start_op(__u32 tid, struct file *f, int fd,
+							enum io_op op, __u64 bytes_requested,
+							__s64 pos)
 {
 	struct inode *inode = regular_inode(f);
 	struct fileio_inflight *st;
 
 	if (!inode)
 		return NULL;
-	/* The thread's entry is created once and reused from one operation to the next. */
-	st = bpf_task_storage_get(&inflight, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (!st) {
-		COUNT(inflight_full);
+	/* A thread keeps its slot from one operation to the next (start_ns 0: idle). */
+	st = slot_of(tid);
+	if (!st)
 		return NULL;
+	if (st->tid != tid) {
+		if (st->start_ns)
+			COUNT(evicted);
+		st->tid = tid;
 	}
 	if (pos < 0)
 		pos = f->f_pos;
@@ -266,15 +290,14 @@ static __always_inline struct fileio_inflight *start_op(struct task_struct *task
 /* pos < 0: the file's own offset (read, readv, preadv2 with -1). */
 static __always_inline void enter_fd(int fd, enum io_op op, __u64 bytes_requested, __s64 pos)
 {
-	struct task_struct *task;
+	struct task_struct *task = bpf_get_current_task_btf();
 	struct file *f;
 
-	if (!traced())
+	if (!traced(task->tgid))
 		return;
-	task = bpf_get_current_task_btf();
 	f = fd_file(task, fd);
 	if (f)
-		start_op(task, f, fd, op, bytes_requested, pos);
+		start_op(task->pid, f, fd, op, bytes_requested, pos);
 }
 
 /* sendfile and copy_file_range: a copy from in_fd to out_fd. Whichever side is a
@@ -284,24 +307,23 @@ static __always_inline void enter_fd(int fd, enum io_op op, __u64 bytes_requeste
 static __always_inline void enter_copy(int in_fd, __s64 in_pos, int out_fd, __s64 out_pos,
 				       __u64 count)
 {
-	struct task_struct *task;
+	struct task_struct *task = bpf_get_current_task_btf();
 	struct fileio_inflight *st;
 	struct inode *target;
 	struct file *fout;
 
-	if (!traced())
+	if (!traced(task->tgid))
 		return;
-	task = bpf_get_current_task_btf();
 	fout = fd_file(task, out_fd);
 	target = regular_inode(fout);
-	st = start_op(task, fd_file(task, in_fd), in_fd, IO_OP_READ, count, in_pos);
+	st = start_op(task->pid, fd_file(task, in_fd), in_fd, IO_OP_READ, count, in_pos);
 	if (st && target) {
 		st->ino2 = target->i_ino;
 		st->dev2 = target->i_sb->s_dev;
 		st->fd2 = out_fd;
 		st->pair = 1;
 	} else if (!st && target) {
-		start_op(task, fout, out_fd, IO_OP_WRITE, count, out_pos);
+		start_op(task->pid, fout, out_fd, IO_OP_WRITE, count, out_pos);
 	}
 }
 
@@ -363,10 +385,10 @@ static __always_inline __u64 take_ahead(struct fileio_inflight *st, long ret)
 /* One completed operation into the aggregates and, if asked, the event stream. */
 static __always_inline void account(struct fileio_inflight *st, __u32 op, __u64 ino,
 				    __u32 dev, __s32 fd, long ret, __u64 disk, bool cached,
-				    __u64 io_wait, __u64 lat, __u64 now, __u64 pid_tgid,
+				    __u64 io_wait, __u64 lat, __u64 now, struct task_struct *task,
 				    const struct op_disk *dl)
 {
-	struct fileio_key key = { .pid = pid_tgid >> 32, .op = op, .cached = cached };
+	struct fileio_key key = { .pid = task->tgid, .op = op, .cached = cached };
 	struct fileio_stats *s;
 	struct fileio_event *ev;
 
@@ -375,7 +397,7 @@ static __always_inline void account(struct fileio_inflight *st, __u32 op, __u64 
 		bpf_map_update_elem(&stats, &key, &zero_stats, BPF_NOEXIST);
 		s = bpf_map_lookup_elem(&stats, &key);
 		if (s)
-			bpf_get_current_comm(s->comm, sizeof(s->comm));
+			__builtin_memcpy(s->comm, task->comm, sizeof(s->comm));
 	}
 	if (s) {
 		s->ops++;
@@ -412,23 +434,23 @@ static __always_inline void account(struct fileio_inflight *st, __u32 op, __u64 
 	ev->disk_requests = dl ? dl->requests : 0;
 	ev->dev = dev;
 	ev->pid = key.pid;
-	ev->tid = (__u32)pid_tgid;
+	ev->tid = task->pid;
 	ev->fd = fd;
 	ev->op = op;
 	ev->cached = cached;
-	bpf_get_current_comm(ev->comm, sizeof(ev->comm));
-	ringbuf_submit_lazy(&events, ev, wakeup_bytes);
+	__builtin_memcpy(ev->comm, task->comm, sizeof(ev->comm));
+	ringbuf_submit_lazy(&events, ev, wakeup_bytes, now);
 }
 
 static __always_inline void finish_op(long ret)
 {
-	struct fileio_inflight *st =
-		bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
-	__u64 pid_tgid, now, lat, disk, wdisk;
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u32 tid = task->pid;
+	struct fileio_inflight *st = busy_slot(tid);
+	__u64 now, lat, disk, wdisk;
 	struct op_disk *dl = NULL;
-	__u32 tid;
 
-	if (!st || !st->start_ns)
+	if (!st)
 		return;
 	if (ret < 0) {
 		COUNT(failed);
@@ -436,13 +458,11 @@ static __always_inline void finish_op(long ret)
 		return;
 	}
 	now = bpf_ktime_get_ns();
-	pid_tgid = bpf_get_current_pid_tgid();
 	lat = now - st->start_ns;
 	if (st->op == IO_OP_READ && ret > 0)
 		st->pages += take_ahead(st, ret);
 	if (st->bio_bytes) {
 		/* It submitted bios: the device time of its requests that completed. */
-		tid = (__u32)pid_tgid;
 		dl = bpf_map_lookup_elem(&opdisk, &tid);
 		if (dl && dl->op_start != st->start_ns)
 			dl = NULL;
@@ -458,7 +478,7 @@ static __always_inline void finish_op(long ret)
 			disk = st->pages * PAGE_SIZE_BYTES;
 		account(st, st->op, st->ino, st->dev, st->fd, ret, disk,
 			!disk && !st->bio_bytes && !st->io_wait_ns, st->io_wait_ns, lat, now,
-			pid_tgid, dl);
+			task, dl);
 	} else {
 		/* A copy: the read of the source takes the pages inserted (or else the bios
 		 * that read), the write of the target the bios that write. I/O wait goes to
@@ -467,9 +487,9 @@ static __always_inline void finish_op(long ret)
 		disk = st->pages ? st->pages * PAGE_SIZE_BYTES : st->bio_bytes - wdisk;
 		account(st, IO_OP_READ, st->ino, st->dev, st->fd, ret, disk,
 			!disk && !(st->io_wait_ns && !wdisk), wdisk ? 0 : st->io_wait_ns, lat,
-			now, pid_tgid, wdisk ? NULL : dl);
+			now, task, wdisk ? NULL : dl);
 		account(st, IO_OP_WRITE, st->ino2, st->dev2, st->fd2, ret, wdisk, !wdisk,
-			wdisk ? st->io_wait_ns : 0, lat, now, pid_tgid, wdisk ? dl : NULL);
+			wdisk ? st->io_wait_ns : 0, lat, now, task, wdisk ? dl : NULL);
 	}
 	st->start_ns = 0;	/* idle: the entry stays for the thread's next operation */
 }
@@ -479,14 +499,12 @@ static __always_inline void finish_op(long ret)
 SEC("tracepoint/filemap/mm_filemap_add_to_page_cache")
 int tp_page_added(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 {
-	struct fileio_inflight *st =
-		bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
-
+	struct fileio_inflight *st = busy_slot((__u32)bpf_get_current_pid_tgid());
 	struct ahead_key k = {};
 	struct ahead_range *r, nr;
 	__u64 n, a, b, s, e, own;
 
-	if (!st || !st->start_ns)
+	if (!st)
 		return 0;
 	n = 1ULL << (ctx->order & 31);
 	if (st->pair && ctx->i_ino == st->ino2 && ctx->s_dev == st->dev2)
@@ -532,10 +550,9 @@ int tp_page_added(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 SEC("tracepoint/block/block_bio_queue")
 int tp_bio_queue(struct trace_event_raw_block_bio *ctx)
 {
-	struct fileio_inflight *st =
-		bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
+	struct fileio_inflight *st = busy_slot((__u32)bpf_get_current_pid_tgid());
 
-	if (st && st->start_ns) {
+	if (st) {
 		__u64 n = (__u64)ctx->nr_sector << 9;
 
 		st->bio_bytes += n;
@@ -556,9 +573,9 @@ int BPF_PROG(tp_io_start, struct request *rq)
 	struct rq_owner o = {};
 	__u64 key = (__u64)rq;
 
-	if (!traced())
+	if (!traced(pid_tgid >> 32))
 		return 0;
-	st = bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
+	st = busy_slot((__u32)pid_tgid);
 	if (st)
 		o.op_start = st->start_ns;
 	o.pid = pid_tgid >> 32;
@@ -651,15 +668,15 @@ int BPF_PROG(tp_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	struct fileio_inflight *st;
 
 	if (BPF_CORE_READ_BITFIELD(prev, in_iowait)) {
-		st = bpf_task_storage_get(&inflight, prev, 0, 0);
-		if (st && st->start_ns && !st->wait_start_ns) {
+		st = busy_slot(prev->pid);
+		if (st && !st->wait_start_ns) {
 			st->wait_start_ns = bpf_ktime_get_ns();
 			__sync_fetch_and_add(&iowaiters, 1);
 		}
 	}
 	if (iowaiters) {
-		st = bpf_task_storage_get(&inflight, next, 0, 0);
-		if (st && st->wait_start_ns) {
+		st = slot_of(next->pid);
+		if (st && st->tid == next->pid && st->wait_start_ns) {
 			st->io_wait_ns += bpf_ktime_get_ns() - st->wait_start_ns;
 			st->wait_start_ns = 0;
 			__sync_fetch_and_add(&iowaiters, -1);

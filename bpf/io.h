@@ -54,7 +54,8 @@ struct fileio_disk_stats {
 /* Everything the tool drops or cannot match, counted per CPU, never silently. */
 struct fileio_counters {
 	__u64 events_lost;	/* ring buffer reservations that failed */
-	__u64 inflight_full;	/* operations not tracked: no task storage (out of memory) */
+	__u64 evicted;		/* operations not tracked: a thread whose tid shares the
+				 * slot (tid % slots) took it over while they were in flight */
 	__u64 stats_full;	/* operations not aggregated: aggregate map full */
 	__u64 failed;		/* syscalls that returned an error (not aggregated) */
 	__u64 disk_full;	/* block requests not aggregated: per-PID disk map full */

@@ -506,3 +506,66 @@ def test_comm_filter_in_the_kernel(tmp_path: Path) -> None:
     assert set(stats) == {ours.pid}
     assert stats[ours.pid].comm == "meridian-comm"
     assert stats[ours.pid].total("read").ops == 3 and len(events) == 3
+
+
+# A thread blocked in a read of a regular file (a tracefs instance's trace_pipe, which
+# waits for data) while another thread of the process does file I/O.
+SHARER = r"""
+import os, sys, threading, time
+path, inst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+f = os.open(path, os.O_RDONLY)
+pipe = os.open(inst + "/trace_pipe", os.O_RDONLY)
+marker = os.open(inst + "/trace_marker", os.O_WRONLY)
+sys.stdout.write("ready\n"); sys.stdout.flush()
+sys.stdin.readline()
+got = []
+t = threading.Thread(target=lambda: got.append(os.read(pipe, 4096)))
+t.start()
+state = os.open("/proc/self/task/%d/syscall" % t.native_id, os.O_RDONLY)
+polls = 1
+while os.pread(state, 64, 0).split()[0] != b"0":  # until the thread sleeps in read(2)
+    time.sleep(0.01)
+    polls += 1
+for _ in range(n):
+    os.pread(f, 4096, 0)
+os.write(marker, b"wake\n")  # the blocked read returns
+t.join()
+sys.stdout.write("%d %d\n" % (polls, len(got[0]))); sys.stdout.flush()
+sys.stdin.readline()
+"""
+
+
+def test_threads_sharing_a_slot_are_never_mispaired(tmp_path: Path) -> None:
+    """With one in-flight slot for all threads, a thread that starts an operation while
+    another's is in flight takes the slot: the other's operation is counted as evicted,
+    not measured, and every operation of the taker is exact."""
+    path = tmp_path / "small.bin"
+    path.write_bytes(os.urandom(4096))
+    inst = Path("/sys/kernel/tracing/instances/meridian-io-slots")
+    inst.mkdir()
+    p = subprocess.Popen(
+        [sys.executable, "-c", SHARER, str(path), str(inst), "100"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        with FileIO(Options(pids=[p.pid], thread_slots=1, no_events=True)) as tool:
+            assert p.stdin is not None
+            p.stdin.write(b"go\n")
+            p.stdin.flush()
+            polls, woke = map(int, p.stdout.readline().split())
+            stats = summarize(*tool.stats())[p.pid]
+            counters = tool.counters()
+        _end(p)
+    finally:
+        _kill(p)
+        inst.rmdir()
+    assert woke > 0
+    assert counters["evicted"] == 1  # the blocked read(2)
+    # The preads and the polls of the thread's state (procfs files are regular files),
+    # all by the main thread; not the evicted read.
+    reads = stats.total("read")
+    assert reads.ops == 100 + polls
+    assert reads.bytes_requested == 100 * 4096 + polls * 64
+    assert stats.total("write").ops == 1  # the trace_marker write
