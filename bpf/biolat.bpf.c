@@ -363,7 +363,7 @@ int BPF_PROG(btf_rq_complete, struct request *rq, int error, unsigned int nr_byt
 	if (ev) {
 		__builtin_memset(ev->rwbs, 0, sizeof(ev->rwbs));
 		fill_rwbs(ev->rwbs, flags);
-		ringbuf_submit_lazy(&events, ev, wakeup_bytes, 0);
+		ringbuf_submit_lazy(&events, ev, wakeup_bytes, ev->ts_ns);
 	}
 	return 0;
 }
@@ -446,7 +446,7 @@ int tp_rq_complete(struct trace_event_raw_block_rq_completion *ctx)
 			  ctx->error);
 	if (ev) {
 		__builtin_memcpy(ev->rwbs, rwbs, sizeof(rwbs));
-		ringbuf_submit_lazy(&events, ev, wakeup_bytes, 0);
+		ringbuf_submit_lazy(&events, ev, wakeup_bytes, ev->ts_ns);
 	}
 	return 0;
 }

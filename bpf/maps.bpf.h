@@ -20,11 +20,13 @@ static __always_inline void *lookup_or_init(void *map, const void *key, const vo
 	return bpf_map_lookup_elem(map, key);
 }
 
-/* Submit a ring buffer record, waking the reader only when the ring is filling up.
- * A wake-up costs microseconds; the reader drains on a short timer instead. Reading
- * the fill level is a helper call, so it is read only when the low 6 bits of `tick`
- * are zero: pass a value that changes from record to record (a counter, a timestamp in
- * ns) and about one record in 64 pays for it; pass 0 to check every record. */
+/* Submit a ring buffer record, waking the reader only when the ring is filling up:
+ * the reader drains on a short timer instead. The fill level is read (a helper call)
+ * only when the low 6 bits of `tick` are zero: pass a value that changes from record
+ * to record (a counter, a timestamp in ns), so about one record in 64 pays for it.
+ * That also bounds the wake-ups while the ring stays past its mark: each is an
+ * irq_work (a self-interrupt), and one per record cost more than the programs' own
+ * work (syscalls: 400 -> 200 ns per exit program). */
 static __always_inline void ringbuf_submit_lazy(void *ringbuf, void *rec, __u64 wakeup_bytes,
 						__u64 tick)
 {

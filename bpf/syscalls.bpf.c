@@ -27,6 +27,7 @@ const volatile __u32 self_tgid = 0;		/* never trace the tracer */
 const volatile bool filter_cgroup = false;	/* only tasks in this cgroup (v2 id) */
 const volatile __u64 cgroup_id = 0;
 const volatile __u64 wakeup_bytes = 1;
+const volatile __u64 ring_bytes = 1 << 24;	/* max_entries of events */
 /* --comm: the process name contains comm_pat (ASCII case folded when comm_fold). */
 const volatile bool filter_comm = false;
 const volatile bool comm_fold = false;
@@ -56,6 +57,34 @@ struct {
 	__type(key, __u32);	/* tid */
 	__type(value, __u8);
 } retry SEC(".maps");
+
+/* Entries in `retry` (while zero, an end skips the lookup). */
+__u64 retry_live = 0;
+
+static __always_inline void retry_done(__u32 tid)
+{
+	if (!bpf_map_delete_elem(&retry, &tid))
+		__sync_fetch_and_add(&retry_live, -1);
+}
+
+/* The last traced process seen on this CPU, valid while pids_gen is unchanged: most
+ * syscalls on a CPU come from the process before, so the PID set (a hash lookup, a
+ * helper call) is consulted once per switch instead of at every enter and exit. Only
+ * positive answers are kept; the kernel bumps pids_gen whenever it removes a PID. */
+__u64 pids_gen = 0;
+
+struct pid_memo {
+	__u64 gen;
+	__u32 tgid;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pid_memo);
+} pid_memo SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -91,6 +120,11 @@ struct {
 
 EXPORT_RECORD(syscalls_event);
 
+/* A no-op at run time: the verifier retypes a kernel address as a BTF type, so its
+ * fields are direct loads instead of bpf_probe_read_kernel calls (on a host with
+ * return-thunk mitigations every helper call costs tens of ns). */
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
+
 #define COUNT(field)                                                        \
 	do {                                                                \
 		__u32 zero = 0;                                             \
@@ -105,14 +139,14 @@ static __always_inline char fold(char c)
 }
 
 /* Does the current task's name contain comm_pat? */
-static __always_inline bool comm_matches(void)
+static __always_inline bool comm_matches(struct task_struct *task)
 {
 	char comm[SYSCALLS_COMM_LEN] = {};
 	__u32 i, j, n = comm_pat_len;
 
 	if (n == 0 || n >= SYSCALLS_COMM_LEN)
 		return true;
-	bpf_get_current_comm(comm, sizeof(comm));
+	__builtin_memcpy(comm, task->comm, sizeof(comm));
 	for (i = 0; i + n < SYSCALLS_COMM_LEN; i++) {
 		for (j = 0; j < n; j++) {
 			if (fold(comm[(i + j) & (SYSCALLS_COMM_LEN - 1)]) != comm_pat[j & (SYSCALLS_COMM_LEN - 1)])
@@ -126,22 +160,40 @@ static __always_inline bool comm_matches(void)
 	return false;
 }
 
+/* Is tgid in the PID set? */
+static __always_inline bool pid_traced(__u32 tgid)
+{
+	__u32 zero = 0;
+	struct pid_memo *m = bpf_map_lookup_elem(&pid_memo, &zero);
+	__u64 gen = pids_gen;
+
+	if (m && m->tgid == tgid && m->gen == gen)
+		return true;
+	if (!bpf_map_lookup_elem(&pids, &tgid))
+		return false;
+	if (m) {
+		m->tgid = tgid;
+		m->gen = gen;
+	}
+	return true;
+}
+
 /* The calling task's syscall, if it is traced: its meta, else NULL. */
-static __always_inline struct syscalls_meta *traced(long id, __u32 tgid)
+static __always_inline struct syscalls_meta *traced(long id, struct task_struct *task)
 {
 	struct syscalls_meta *meta;
-	__u32 nr = id;
+	__u32 nr = id, tgid = task->tgid;
 
 	if (tgid == self_tgid || id < 0 || id >= SYSCALLS_MAX_NR)
 		return NULL;
 	meta = bpf_map_lookup_elem(&sc_meta, &nr);
 	if (!meta || (!trace_all && !meta->traced))
 		return NULL;
-	if (filter_pids && !bpf_map_lookup_elem(&pids, &tgid))
+	if (filter_pids && !pid_traced(tgid))
 		return NULL;
 	if (filter_cgroup && bpf_get_current_cgroup_id() != cgroup_id)
 		return NULL;
-	if (filter_comm && !comm_matches())
+	if (filter_comm && !comm_matches(task))
 		return NULL;
 	return meta;
 }
@@ -153,49 +205,61 @@ static __always_inline bool skip_for_fd(const struct syscalls_meta *meta, const 
 	return meta->need_fd && pos >= 0 && pos < 6 && (int)args[pos & 7] < 0;
 }
 
-/* task->files->fdt->fd[fd]: the struct file, or NULL. */
-static __always_inline struct file *fd_file(int fd)
+/* task->files->fdt->fd[fd]: the struct file, or NULL. Direct loads (a fault reads as
+ * zero); the fd array slot is read as a struct kiocb, whose first field is a struct
+ * file pointer. */
+static __always_inline struct file *fd_file(struct task_struct *task, int fd)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
-	struct file **arr;
-	struct file *f = NULL;
+	struct fdtable *fdt = task->files->fdt;
+	struct kiocb *slot;
 
-	if (!fdt || fd < 0 || (unsigned int)fd >= BPF_CORE_READ(fdt, max_fds))
+	if (fd < 0 || (unsigned int)fd >= fdt->max_fds)
 		return NULL;
-	arr = BPF_CORE_READ(fdt, fd);
-	if (bpf_probe_read_kernel(&f, sizeof(f), &arr[fd]))
-		return NULL;
-	return f;
+	slot = bpf_rdonly_cast((void *)((unsigned long)fdt->fd + (unsigned long)fd * sizeof(void *)),
+			       bpf_core_type_id_kernel(struct kiocb));
+	return slot->ki_filp;
 }
 
-/* Walking an fd's dentries up to the root, then writing their names down from it:
- * two bpf_loop() callbacks, each verified once. */
+/* Walking an fd's dentries up to the root, then writing their names down from it,
+ * straight into the record being built (bufs[0]) at data[base]: two bpf_loop()
+ * callbacks, each verified once. Kernel pointers are kept as numbers and retyped with
+ * bpf_rdonly_cast where they are read. */
 struct walk_ctx {
-	struct dentry *d;
-	struct mount *mnt;
+	__u64 d;	/* struct dentry * */
+	__u64 mnt;	/* struct mount * */
 	__u32 n;	/* dentries in chain, leaf first */
-	__u32 off;	/* bytes written to the scratch buffer */
-	struct dentry *chain[SYSCALLS_PATH_DEPTH];
+	__u32 off;	/* bytes of the path written */
+	__u32 base;	/* where the path starts in data[] (at most 2 * SYSCALLS_STR_LEN) */
+	__u64 chain[SYSCALLS_PATH_DEPTH];
 };
+
+static __always_inline struct dentry *as_dentry(__u64 p)
+{
+	return bpf_rdonly_cast((void *)p, bpf_core_type_id_kernel(struct dentry));
+}
+
+static __always_inline struct mount *as_mount(__u64 p)
+{
+	return bpf_rdonly_cast((void *)p, bpf_core_type_id_kernel(struct mount));
+}
 
 static long walk_up(__u64 i, struct walk_ctx *c)
 {
-	struct dentry *d = c->d, *parent;
-	struct mount *mnt = c->mnt, *mnt_parent;
+	struct mount *mnt = as_mount(c->mnt);
+	__u64 parent, mnt_parent;
 
-	if (d == BPF_CORE_READ(mnt, mnt.mnt_root)) {
-		mnt_parent = BPF_CORE_READ(mnt, mnt_parent);
-		if (mnt_parent == mnt)
+	if (c->d == (__u64)mnt->mnt.mnt_root) {
+		mnt_parent = (__u64)mnt->mnt_parent;
+		if (mnt_parent == c->mnt)
 			return 1;	/* the root of everything */
-		c->d = BPF_CORE_READ(mnt, mnt_mountpoint);
+		c->d = (__u64)mnt->mnt_mountpoint;
 		c->mnt = mnt_parent;
 		return 0;
 	}
-	parent = BPF_CORE_READ(d, d_parent);
-	if (parent == d || c->n >= SYSCALLS_PATH_DEPTH)
+	parent = (__u64)as_dentry(c->d)->d_parent;
+	if (parent == c->d || c->n >= SYSCALLS_PATH_DEPTH)
 		return 1;	/* root of an internal file system (pipe, socket), or too deep */
-	c->chain[c->n & (SYSCALLS_PATH_DEPTH - 1)] = d;
+	c->chain[c->n & (SYSCALLS_PATH_DEPTH - 1)] = c->d;
 	c->n++;
 	c->d = parent;
 	return 0;
@@ -203,53 +267,48 @@ static long walk_up(__u64 i, struct walk_ctx *c)
 
 static long write_down(__u64 k, struct walk_ctx *c)
 {
-	__u32 zero = 0, i;
-	struct path_buf *pb = bpf_map_lookup_elem(&scratch, &zero);
-	const unsigned char *name;
-	struct dentry *d;
+	__u32 zero = 0, i, at, base = c->base;
+	struct syscalls_buf *b = bpf_map_lookup_elem(&bufs, &zero);
 	long len;
 
-	if (!pb || k >= c->n || c->off >= SYSCALLS_PATH_LEN - 1)
+	if (!b || k >= c->n || c->off >= SYSCALLS_PATH_LEN - 1 || base > 2 * SYSCALLS_STR_LEN)
 		return 1;
 	i = c->n - 1 - k;
-	pb->buf[c->off & (SYSCALLS_PATH_LEN - 1)] = '/';
+	at = base + (c->off & (SYSCALLS_PATH_LEN - 1));
+	b->data[at] = '/';
 	c->off++;
-	d = c->chain[i & (SYSCALLS_PATH_DEPTH - 1)];
-	name = BPF_CORE_READ(d, d_name.name);
-	len = bpf_probe_read_kernel_str(&pb->buf[c->off & (SYSCALLS_PATH_LEN - 1)],
-					SYSCALLS_PATH_LEN, name);
+	at = base + (c->off & (SYSCALLS_PATH_LEN - 1));
+	len = bpf_probe_read_kernel_str(&b->data[at], SYSCALLS_PATH_LEN,
+					as_dentry(c->chain[i & (SYSCALLS_PATH_DEPTH - 1)])->d_name.name);
 	if (len > 1)
 		c->off += len - 1;
 	return 0;
 }
 
-/* The path of an fd (crossing mounts, at most SYSCALLS_PATH_DEPTH names) into `out`
- * (room for SYSCALLS_PATH_LEN bytes): its length with the NUL, 0 if none. */
-static __always_inline long fd_path(int fd, char *out)
+/* The path of an fd (crossing mounts, at most SYSCALLS_PATH_DEPTH names) into the
+ * start record b at data[base]: its length with the NUL, 0 if none. */
+static __always_inline long fd_path(struct task_struct *task, int fd, struct syscalls_buf *b,
+				    __u32 base)
 {
-	struct file *f = fd_file(fd);
+	struct file *f = fd_file(task, fd);
 	struct walk_ctx c = {};
-	struct path_buf *pb;
-	__u32 zero = 0;
 
-	if (!f)
+	if (!f || base > 2 * SYSCALLS_STR_LEN)
 		return 0;
-	pb = bpf_map_lookup_elem(&scratch, &zero);
-	if (!pb)
-		return 0;
-	c.d = BPF_CORE_READ(f, f_path.dentry);
-	c.mnt = container_of(BPF_CORE_READ(f, f_path.mnt), struct mount, mnt);
+	c.d = (__u64)f->f_path.dentry;
+	c.mnt = (__u64)container_of(f->f_path.mnt, struct mount, mnt);
+	c.base = base;
 	bpf_loop(SYSCALLS_PATH_DEPTH + 16, walk_up, &c, 0);
 	if (c.n == 0) {
-		pb->buf[0] = '/';
+		b->data[base] = '/';
 		c.off = 1;
 	} else {
 		bpf_loop(SYSCALLS_PATH_DEPTH, write_down, &c, 0);
 	}
 	if (c.off > SYSCALLS_PATH_LEN - 1)
 		c.off = SYSCALLS_PATH_LEN - 1;
-	pb->buf[c.off & (SYSCALLS_PATH_LEN - 1)] = 0;
-	return bpf_probe_read_kernel_str(out, SYSCALLS_PATH_LEN, pb->buf);
+	b->data[base + (c.off & (SYSCALLS_PATH_LEN - 1))] = 0;
+	return c.off + 1;
 }
 
 /* Bytes of b->data in use: bounded for the verifier (each string takes at most 256). */
@@ -285,22 +344,26 @@ static __always_inline __u8 read_strings(struct syscalls_buf *b,
 	return ok;
 }
 
-/* No room for a record of any size: the event is dropped (and counted) before any
- * work is spent on its strings and fd path, so an overloaded ring stays cheap. */
-static __always_inline bool ring_full(void)
+/* The ring's fill level (bytes not yet consumed), or -1 when a record of any size may
+ * not fit: then the event is dropped (and counted) before any work is spent on its
+ * strings and fd path, so an overloaded ring stays cheap. One helper call per event,
+ * also used by send() to decide on a wake-up. */
+static __always_inline __s64 ring_fill(void)
 {
 	__u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
-	__u64 size = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
 
-	if (avail + sizeof(struct syscalls_buf) + 8 <= size)
-		return false;
+	if (avail + sizeof(struct syscalls_buf) + 8 <= ring_bytes)
+		return avail;
 	__sync_fetch_and_add(&next_index, 1);
 	COUNT(lost);
-	return true;
+	return -1;
 }
 
-/* Copy the record to the ring at its length (header + `off` bytes of strings). */
-static __always_inline void send(struct syscalls_buf *b, __u32 off)
+/* Copy the record to the ring at its length (header + `off` bytes of strings). While
+ * the ring is past its mark only one record in 64 wakes the reader: a wake-up is an
+ * irq_work (a self-interrupt), and one per record while the reader is busy draining
+ * cost more than everything else the programs do. */
+static __always_inline void send(struct syscalls_buf *b, __u32 off, __s64 fill)
 {
 	__u64 flags = BPF_RB_NO_WAKEUP;
 	__u32 len = off;
@@ -308,8 +371,7 @@ static __always_inline void send(struct syscalls_buf *b, __u32 off)
 	if (len > SYSCALLS_DATA_LEN)
 		len = SYSCALLS_DATA_LEN;
 	b->ev.index = __sync_fetch_and_add(&next_index, 1);
-	/* The fill level (a helper call) is read for one record in 64, as in maps.bpf.h. */
-	if (!(b->ev.index & 63) && bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
+	if (fill >= wakeup_bytes && !(b->ev.index & 63))
 		flags = BPF_RB_FORCE_WAKEUP;
 	if (bpf_ringbuf_output(&events, b, sizeof(b->ev) + len, flags)) {
 		COUNT(lost);
@@ -320,24 +382,27 @@ static __always_inline void send(struct syscalls_buf *b, __u32 off)
 
 static __always_inline void on_enter(long id, const __u64 *args)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
-	struct syscalls_meta *meta = traced(id, tgid);
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct syscalls_meta *meta = traced(id, task);
+	__u32 tid = task->pid, key = 0, off = 0;
 	struct syscalls_event *e;
 	struct syscalls_buf *b;
-	__u32 key = 0, off = 0;
 	__u8 want = 0, failed;
+	__s64 fill;
 	long n;
 	int pos;
 
-	if (!meta || skip_for_fd(meta, args) || ring_full())
+	if (!meta || skip_for_fd(meta, args))
+		return;
+	fill = ring_fill();
+	if (fill < 0)
 		return;
 	b = bpf_map_lookup_elem(&bufs, &key);
 	if (!b)
 		return;
 	e = &b->ev;
 	e->ts_ns = bpf_ktime_get_ns();
-	e->pid = tgid;
+	e->pid = task->tgid;
 	e->tid = tid;
 	e->nr = id;
 	e->kind = SYSCALLS_START;
@@ -345,7 +410,7 @@ static __always_inline void on_enter(long id, const __u64 *args)
 	e->pad = 0;
 	e->pad2 = 0;
 	__builtin_memcpy(e->args, args, sizeof(e->args));
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	__builtin_memcpy(e->comm, task->comm, sizeof(e->comm));
 	if (meta->str_pos[0] >= 0)
 		want |= 1;
 	if (meta->str_pos[1] >= 0)
@@ -356,43 +421,45 @@ static __always_inline void on_enter(long id, const __u64 *args)
 		COUNT(str_failed);
 		if (bpf_map_update_elem(&retry, &tid, &failed, BPF_ANY))
 			COUNT(retry_full);
+		else
+			__sync_fetch_and_add(&retry_live, 1);	/* an upper bound (overwrites) */
 	}
 	e->fd_ok = 0;
 	e->fd_len = 0;
 	pos = meta->fd_pos;
 	if (pos >= 0 && pos < 6) {
 		off = bound(off);
-		n = fd_path((int)args[pos & 7], &b->data[off]);
+		n = fd_path(task, (int)args[pos & 7], b, off);
 		if (n > 0 && n <= SYSCALLS_PATH_LEN) {
 			e->fd_ok = 1;
 			e->fd_len = n;
 			off += n;
 		}
 	}
-	send(b, off);
+	send(b, off, fill);
 }
 
 static __always_inline void regs_args(struct pt_regs *regs, __u64 *args)
 {
-	args[0] = BPF_CORE_READ(regs, di);
-	args[1] = BPF_CORE_READ(regs, si);
-	args[2] = BPF_CORE_READ(regs, dx);
-	args[3] = BPF_CORE_READ(regs, r10);
-	args[4] = BPF_CORE_READ(regs, r8);
-	args[5] = BPF_CORE_READ(regs, r9);
+	args[0] = regs->di;
+	args[1] = regs->si;
+	args[2] = regs->dx;
+	args[3] = regs->r10;
+	args[4] = regs->r8;
+	args[5] = regs->r9;
 }
 
 /* `regs`: the syscall's saved user registers, which still hold its arguments. */
 static __always_inline void on_exit(long id, long ret, struct pt_regs *regs)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
-	struct syscalls_meta *meta = traced(id, tgid);
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct syscalls_meta *meta = traced(id, task);
+	__u32 tid = task->pid, key = 1, off = 0;
 	struct syscalls_event *e;
 	struct syscalls_buf *b;
 	__u64 args[6] = {};
 	__u8 *again = NULL;
-	__u32 key = 1, off = 0;
+	__s64 fill;
 
 	if (!meta)
 		return;
@@ -401,10 +468,11 @@ static __always_inline void on_exit(long id, long ret, struct pt_regs *regs)
 	if (skip_for_fd(meta, args))
 		return;
 	if (meta->str_pos[0] >= 0)
-		again = bpf_map_lookup_elem(&retry, &tid);
-	if (ring_full()) {
+		again = retry_live ? bpf_map_lookup_elem(&retry, &tid) : NULL;
+	fill = ring_fill();
+	if (fill < 0) {
 		if (again)
-			bpf_map_delete_elem(&retry, &tid);
+			retry_done(tid);
 		return;
 	}
 	b = bpf_map_lookup_elem(&bufs, &key);
@@ -412,7 +480,7 @@ static __always_inline void on_exit(long id, long ret, struct pt_regs *regs)
 		return;
 	e = &b->ev;
 	e->ts_ns = bpf_ktime_get_ns();
-	e->pid = tgid;
+	e->pid = task->tgid;
 	e->tid = tid;
 	e->nr = id;
 	e->kind = SYSCALLS_END;
@@ -424,7 +492,7 @@ static __always_inline void on_exit(long id, long ret, struct pt_regs *regs)
 	e->str_len[0] = e->str_len[1] = 0;
 	e->fd_len = 0;
 	__builtin_memcpy(e->args, args, sizeof(e->args));
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	__builtin_memcpy(e->comm, task->comm, sizeof(e->comm));
 	if (again) {
 		/* After a successful exec the old image (and its strings) is gone. */
 		if (!(ret == 0 && (id == 59 || id == 322))) {
@@ -432,9 +500,9 @@ static __always_inline void on_exit(long id, long ret, struct pt_regs *regs)
 			if (e->str_ok)
 				COUNT(str_retried);
 		}
-		bpf_map_delete_elem(&retry, &tid);
+		retry_done(tid);
 	}
-	send(b, off);
+	send(b, off, fill);
 }
 
 /* Runs in the forking task: its tgid is the parent process. */
@@ -463,7 +531,8 @@ static __always_inline void on_exit_process(void)
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 
 	if (filter_pids && follow_children && BPF_CORE_READ(task, signal, live.counter) == 0)
-		bpf_map_delete_elem(&pids, &tgid);
+		if (!bpf_map_delete_elem(&pids, &tgid))
+			__sync_fetch_and_add(&pids_gen, 1);
 }
 
 /* ---- tp_btf strategy ------------------------------------------------------------ */

@@ -116,6 +116,31 @@ def test_prog_calls_paired_with_paths(prog: Path, tmp_path: Path, strategy: str)
     assert f'openat(AT_FDCWD, "{missing}", O_RDONLY) = -2 ENOENT <' in plain_live
 
 
+@pytest.mark.parametrize("strategy", ["tp_btf", "tracepoint"])
+def test_fd_path_crosses_mounts(prog: Path, tmp_path: Path, strategy: str) -> None:
+    """An fd's path is resolved in the kernel across mount points: a file on a tmpfs
+    mounted two levels below the test's directory, and a file at that mount's root."""
+    mnt = tmp_path.resolve() / "outer" / "mnt"
+    mnt.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "meridian-test", str(mnt)], check=True)
+    try:
+        deep = mnt / "d1" / "d2"
+        deep.mkdir(parents=True)
+        for src in (deep / "input.txt", mnt / "top.txt"):
+            src.write_bytes(CONTENT)
+            (mnt / "a").write_text("x")
+            live = meridian(
+                "--json", "--strategy", strategy, "-e", "read", "--", str(prog),
+                str(src), str(mnt / "missing"), str(mnt / "a"), str(mnt / "b"),
+            )  # fmt: skip
+            assert live.returncode == 0, live.stderr
+            reads = [r for r in _json_lines(live.stdout) if r["syscall"] == "read"]
+            assert reads[-1]["fd_path"] == str(src)
+            assert reads[-1]["args"][0] == f"3<{src}>"
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
 def test_syscall_set_and_failed_filter(prog: Path, tmp_path: Path) -> None:
     tmp = tmp_path.resolve()
     src, missing = tmp / "input.txt", tmp / "missing.txt"

@@ -146,6 +146,7 @@ class Capture(Session):
                 "filter_cgroup": o.cgroup_id is not None,
                 "cgroup_id": o.cgroup_id or 0,
                 "wakeup_bytes": size // 4,
+                "ring_bytes": size,
             }
         )
         comm = o.kernel_comm()
