@@ -56,7 +56,8 @@ struct fileio_inflight {
 	__u32 op;
 	__u32 pair;		/* 1: a copy, a read of ino and a write of ino2 */
 	__u32 tid;		/* the thread the slot belongs to */
-	__u32 pad;
+	__u32 disk_requests;	/* block requests it submitted that completed, */
+	__u64 disk_latency_ns;	/* and their device time (issue to completion) */
 };
 
 /* Each thread's operation in flight, in the slot tid % the array's size (user space
@@ -119,21 +120,6 @@ struct {
 	__type(key, __u64);
 	__type(value, struct rq_owner);
 } rqs SEC(".maps");
-
-/* Device time of the requests an operation submitted, by thread, until it finishes. */
-struct op_disk {
-	__u64 op_start;
-	__u64 latency_ns;
-	__u32 requests;
-	__u32 pad;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u32);
-	__type(value, struct op_disk);
-} opdisk SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
@@ -283,6 +269,8 @@ static __always_inline struct fileio_inflight *start_op(__u32 tid, struct file *
 	st->wbio_bytes = 0;
 	st->io_wait_ns = 0;
 	st->wait_start_ns = 0;
+	st->disk_requests = 0;
+	st->disk_latency_ns = 0;
 	st->start_ns = bpf_ktime_get_ns();
 	return st;
 }
@@ -386,7 +374,7 @@ static __always_inline __u64 take_ahead(struct fileio_inflight *st, long ret)
 static __always_inline void account(struct fileio_inflight *st, __u32 op, __u64 ino,
 				    __u32 dev, __s32 fd, long ret, __u64 disk, bool cached,
 				    __u64 io_wait, __u64 lat, __u64 now, struct task_struct *task,
-				    const struct op_disk *dl)
+				    bool disk_time)
 {
 	struct fileio_key key = { .pid = task->tgid, .op = op, .cached = cached };
 	struct fileio_stats *s;
@@ -430,8 +418,8 @@ static __always_inline void account(struct fileio_inflight *st, __u32 op, __u64 
 	ev->disk_bytes = disk;
 	ev->io_wait_ns = io_wait;
 	ev->ino = ino;
-	ev->disk_latency_ns = dl ? dl->latency_ns : 0;
-	ev->disk_requests = dl ? dl->requests : 0;
+	ev->disk_latency_ns = disk_time ? st->disk_latency_ns : 0;
+	ev->disk_requests = disk_time ? st->disk_requests : 0;
 	ev->dev = dev;
 	ev->pid = key.pid;
 	ev->tid = task->pid;
@@ -448,7 +436,6 @@ static __always_inline void finish_op(long ret)
 	__u32 tid = task->pid;
 	struct fileio_inflight *st = busy_slot(tid);
 	__u64 now, lat, disk, wdisk;
-	struct op_disk *dl = NULL;
 
 	if (!st)
 		return;
@@ -461,12 +448,6 @@ static __always_inline void finish_op(long ret)
 	lat = now - st->start_ns;
 	if (st->op == IO_OP_READ && ret > 0)
 		st->pages += take_ahead(st, ret);
-	if (st->bio_bytes) {
-		/* It submitted bios: the device time of its requests that completed. */
-		dl = bpf_map_lookup_elem(&opdisk, &tid);
-		if (dl && dl->op_start != st->start_ns)
-			dl = NULL;
-	}
 	if (!st->pair) {
 		/* disk_bytes of a buffered read: the pages of its range it inserted or an
 		 * earlier read inserted ahead for it (the bios it submits for readahead belong
@@ -478,7 +459,7 @@ static __always_inline void finish_op(long ret)
 			disk = st->pages * PAGE_SIZE_BYTES;
 		account(st, st->op, st->ino, st->dev, st->fd, ret, disk,
 			!disk && !st->bio_bytes && !st->io_wait_ns, st->io_wait_ns, lat, now,
-			task, dl);
+			task, true);
 	} else {
 		/* A copy: the read of the source takes the pages inserted (or else the bios
 		 * that read), the write of the target the bios that write. I/O wait goes to
@@ -487,9 +468,9 @@ static __always_inline void finish_op(long ret)
 		disk = st->pages ? st->pages * PAGE_SIZE_BYTES : st->bio_bytes - wdisk;
 		account(st, IO_OP_READ, st->ino, st->dev, st->fd, ret, disk,
 			!disk && !(st->io_wait_ns && !wdisk), wdisk ? 0 : st->io_wait_ns, lat,
-			now, task, wdisk ? NULL : dl);
+			now, task, !wdisk);
 		account(st, IO_OP_WRITE, st->ino2, st->dev2, st->fd2, ret, wdisk, !wdisk,
-			wdisk ? st->io_wait_ns : 0, lat, now, task, wdisk ? dl : NULL);
+			wdisk ? st->io_wait_ns : 0, lat, now, task, wdisk);
 	}
 	st->start_ns = 0;	/* idle: the entry stays for the thread's next operation */
 }
@@ -568,19 +549,19 @@ int tp_bio_queue(struct trace_event_raw_block_bio *ctx)
 SEC("tp_btf/block_io_start")
 int BPF_PROG(tp_io_start, struct request *rq)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct task_struct *task = bpf_get_current_task_btf();
 	struct fileio_inflight *st;
 	struct rq_owner o = {};
 	__u64 key = (__u64)rq;
 
-	if (!traced(pid_tgid >> 32))
+	if (!traced(task->tgid))
 		return 0;
-	st = busy_slot((__u32)pid_tgid);
+	o.pid = task->tgid;
+	o.tid = task->pid;
+	st = busy_slot(o.tid);
 	if (st)
 		o.op_start = st->start_ns;
-	o.pid = pid_tgid >> 32;
-	o.tid = (__u32)pid_tgid;
-	bpf_get_current_comm(o.comm, sizeof(o.comm));
+	__builtin_memcpy(o.comm, task->comm, sizeof(o.comm));
 	bpf_map_update_elem(&rqs, &key, &o, BPF_ANY);
 	return 0;
 }
@@ -607,9 +588,9 @@ int BPF_PROG(tp_rq_complete, struct request *rq, blk_status_t error, unsigned in
 	struct rq_owner *o = bpf_map_lookup_elem(&rqs, &key);
 	struct fileio_disk_key dk = {};
 	struct fileio_disk_stats *s;
-	struct op_disk *od, nod = {};
-	__u32 op, tid;
+	struct fileio_inflight *st;
 	bool last;
+	__u32 op;
 	__u64 lat;
 
 	if (!o)
@@ -644,16 +625,12 @@ int BPF_PROG(tp_rq_complete, struct request *rq, blk_status_t error, unsigned in
 		}
 	}
 	if (last && o->op_start) {
-		tid = o->tid;
-		od = bpf_map_lookup_elem(&opdisk, &tid);
-		if (od && od->op_start == o->op_start) {
-			od->latency_ns += lat;
-			od->requests++;
-		} else {
-			nod.op_start = o->op_start;
-			nod.latency_ns = lat;
-			nod.requests = 1;
-			bpf_map_update_elem(&opdisk, &tid, &nod, BPF_ANY);
+		/* Into the submitter's operation, if it is still the one in flight (its
+		 * requests may complete on several CPUs at once). */
+		st = slot_of(o->tid);
+		if (st && st->tid == o->tid && st->start_ns == o->op_start) {
+			__sync_fetch_and_add(&st->disk_latency_ns, lat);
+			__sync_fetch_and_add(&st->disk_requests, 1);
 		}
 	}
 	if (last)
