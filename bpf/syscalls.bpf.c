@@ -93,18 +93,6 @@ struct {
 	__type(value, struct syscalls_counters);
 } counters SEC(".maps");
 
-/* Scratch space to build an fd's path: twice the size so that every bounded write fits. */
-struct path_buf {
-	char buf[2 * SYSCALLS_PATH_LEN];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct path_buf);
-} scratch SEC(".maps");
-
 /* The record being built: entry 0 for starts, 1 for ends. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -8,7 +8,8 @@
 #define SYSCALLS_STR_LEN 256		/* one user string argument (a path) */
 #define SYSCALLS_PATH_LEN 256		/* an fd's path, resolved in the kernel */
 #define SYSCALLS_PATH_DEPTH 32		/* dentries walked up from an fd's file (a power of 2) */
-#define SYSCALLS_DATA_LEN 1024		/* room behind the header: str[0], str[1], fd_path */
+#define SYSCALLS_DATA_LEN 1024		/* room behind the header: str[0], str[1], fd_path (built
+					 * with bounded writes: twice its length) */
 
 enum syscalls_kind {
 	SYSCALLS_START,		/* sys_enter: the arguments */
