@@ -17,11 +17,8 @@
 #include <bpf/bpf_core_read.h>
 #include "bits.bpf.h"
 #include "maps.bpf.h"
+#include "task.bpf.h"
 #include "io.h"
-
-/* A no-op at run time: the verifier retypes a kernel address read as a number so its
- * fields can be loaded directly, without a bpf_probe_read_kernel call each. */
-extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 
 #define S_IFMT 0170000
 #define S_IFREG 0100000
@@ -209,22 +206,6 @@ static __always_inline bool traced(__u32 pid)
 			return false;
 	}
 	return true;
-}
-
-/* The file behind fd in the current task, or NULL. Every field is a direct load through
- * BTF (a fault reads as zero: no files, a closed fd), the fd array slot too: it is read
- * as a struct kiocb, whose first field is a struct file pointer, instead of through a
- * bpf_probe_read_kernel call. */
-static __always_inline struct file *fd_file(struct task_struct *task, int fd)
-{
-	struct fdtable *fdt = task->files->fdt;
-	struct kiocb *slot;
-
-	if (fd < 0 || (unsigned int)fd >= fdt->max_fds)
-		return NULL;
-	slot = bpf_rdonly_cast((void *)((unsigned long)fdt->fd + (unsigned long)fd * sizeof(void *)),
-			       bpf_core_type_id_kernel(struct kiocb));
-	return slot->ki_filp;
 }
 
 /* The inode of a regular file, or NULL. */

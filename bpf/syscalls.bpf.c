@@ -18,6 +18,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "maps.bpf.h"
+#include "task.bpf.h"
 #include "syscalls.h"
 
 const volatile bool filter_pids = false;	/* only PIDs in `pids` (and their children) */
@@ -108,11 +109,6 @@ struct {
 
 EXPORT_RECORD(syscalls_event);
 
-/* A no-op at run time: the verifier retypes a kernel address as a BTF type, so its
- * fields are direct loads instead of bpf_probe_read_kernel calls (on a host with
- * return-thunk mitigations every helper call costs tens of ns). */
-extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
-
 #define COUNT(field)                                                        \
 	do {                                                                \
 		__u32 zero = 0;                                             \
@@ -191,21 +187,6 @@ static __always_inline bool skip_for_fd(const struct syscalls_meta *meta, const 
 	int pos = meta->fd_pos;
 
 	return meta->need_fd && pos >= 0 && pos < 6 && (int)args[pos & 7] < 0;
-}
-
-/* task->files->fdt->fd[fd]: the struct file, or NULL. Direct loads (a fault reads as
- * zero); the fd array slot is read as a struct kiocb, whose first field is a struct
- * file pointer. */
-static __always_inline struct file *fd_file(struct task_struct *task, int fd)
-{
-	struct fdtable *fdt = task->files->fdt;
-	struct kiocb *slot;
-
-	if (fd < 0 || (unsigned int)fd >= fdt->max_fds)
-		return NULL;
-	slot = bpf_rdonly_cast((void *)((unsigned long)fdt->fd + (unsigned long)fd * sizeof(void *)),
-			       bpf_core_type_id_kernel(struct kiocb));
-	return slot->ki_filp;
 }
 
 /* Walking an fd's dentries up to the root, then writing their names down from it,
@@ -368,6 +349,26 @@ static __always_inline void send(struct syscalls_buf *b, __u32 off, __s64 fill)
 	COUNT(events);
 }
 
+/* The record's header; no strings and no fd path yet. */
+static __always_inline void fill_header(struct syscalls_event *e, struct task_struct *task,
+					long id, __u8 kind, long ret, const __u64 *args)
+{
+	e->ts_ns = bpf_ktime_get_ns();
+	e->pid = task->tgid;
+	e->tid = task->pid;
+	e->nr = id;
+	e->kind = kind;
+	e->ret = ret;
+	e->str_ok = 0;
+	e->fd_ok = 0;
+	e->pad = 0;
+	e->pad2 = 0;
+	e->str_len[0] = e->str_len[1] = 0;
+	e->fd_len = 0;
+	__builtin_memcpy(e->args, args, sizeof(e->args));
+	__builtin_memcpy(e->comm, task->comm, sizeof(e->comm));
+}
+
 static __always_inline void on_enter(long id, const __u64 *args)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
@@ -389,16 +390,7 @@ static __always_inline void on_enter(long id, const __u64 *args)
 	if (!b)
 		return;
 	e = &b->ev;
-	e->ts_ns = bpf_ktime_get_ns();
-	e->pid = task->tgid;
-	e->tid = tid;
-	e->nr = id;
-	e->kind = SYSCALLS_START;
-	e->ret = 0;
-	e->pad = 0;
-	e->pad2 = 0;
-	__builtin_memcpy(e->args, args, sizeof(e->args));
-	__builtin_memcpy(e->comm, task->comm, sizeof(e->comm));
+	fill_header(e, task, id, SYSCALLS_START, 0, args);
 	if (meta->str_pos[0] >= 0)
 		want |= 1;
 	if (meta->str_pos[1] >= 0)
@@ -467,20 +459,7 @@ static __always_inline void on_exit(long id, long ret, struct pt_regs *regs)
 	if (!b)
 		return;
 	e = &b->ev;
-	e->ts_ns = bpf_ktime_get_ns();
-	e->pid = task->tgid;
-	e->tid = tid;
-	e->nr = id;
-	e->kind = SYSCALLS_END;
-	e->ret = ret;
-	e->str_ok = 0;
-	e->fd_ok = 0;
-	e->pad = 0;
-	e->pad2 = 0;
-	e->str_len[0] = e->str_len[1] = 0;
-	e->fd_len = 0;
-	__builtin_memcpy(e->args, args, sizeof(e->args));
-	__builtin_memcpy(e->comm, task->comm, sizeof(e->comm));
+	fill_header(e, task, id, SYSCALLS_END, ret, args);
 	if (again) {
 		/* After a successful exec the old image (and its strings) is gone. */
 		if (!(ret == 0 && (id == 59 || id == 322))) {
