@@ -4,6 +4,7 @@ tracer, interleaved round by round, and print ratios to the neighbouring untrace
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import signal
@@ -11,6 +12,18 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable
+
+
+def fio_randread_iops(path: str | os.PathLike[str], seconds: int) -> float:
+    """IOPS of fio's 4 KiB random O_DIRECT reads of `path` (a file or a device), psync
+    at queue depth 1: one pread64 and one block request per I/O."""
+    out = subprocess.run(
+        ["fio", "--name=bench", f"--filename={path}", "--rw=randread", "--bs=4k",
+         "--direct=1", "--ioengine=psync", "--iodepth=1", f"--runtime={seconds}",
+         "--time_based", "--output-format=json"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    return float(json.loads(out)["jobs"][0]["read"]["iops"])
 
 
 def under(cmd: list[str], workload: Callable[[], float], ready: float = 3.0) -> float:

@@ -8,13 +8,12 @@ Run as root from the repository: .venv/bin/python benchmarks/biolat_bench.py [ro
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from _rounds import interleaved, print_ratios
+from _rounds import fio_randread_iops, interleaved, print_ratios
 
 ROOT = Path(__file__).resolve().parent.parent
 MERIDIAN = [str(ROOT / ".venv" / "bin" / "meridian")]
@@ -25,28 +24,6 @@ tracepoint:block:block_rq_complete /@start[args->dev, args->sector]/ {
   delete(@start[args->dev, args->sector]);
 }
 """
-
-
-def fio(dev: str, seconds: int) -> float:
-    out = subprocess.run(
-        [
-            "fio",
-            "--name=bench",
-            f"--filename={dev}",
-            "--rw=randread",
-            "--bs=4k",
-            "--direct=1",
-            "--ioengine=psync",
-            "--iodepth=1",
-            f"--runtime={seconds}",
-            "--time_based",
-            "--output-format=json",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return float(json.loads(out)["jobs"][0]["read"]["iops"])
 
 
 def main() -> int:
@@ -78,7 +55,9 @@ def main() -> int:
             "bpftrace biolatency": ["bpftrace", str(script)],
         }
         try:
-            results = interleaved(lambda: fio(dev, seconds), tracers, rounds, ready=2.5)
+            results = interleaved(
+                lambda: fio_randread_iops(dev, seconds), tracers, rounds, ready=2.5
+            )
         finally:
             subprocess.run(["losetup", "-d", dev], check=False)
     print_ratios(

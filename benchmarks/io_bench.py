@@ -13,7 +13,6 @@ Run as root from the repository:
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -23,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _rounds import interleaved, print_ratios
+from _rounds import fio_randread_iops, interleaved, print_ratios
 
 ROOT = Path(__file__).resolve().parent.parent
 MERIDIAN = [str(ROOT / ".venv" / "bin" / "meridian"), "io", "-v"]
@@ -103,29 +102,6 @@ def traced(
     return rate, tail
 
 
-def fio(path: Path, seconds: int) -> float:
-    """IOPS of 4 KiB random O_DIRECT preads of `path` (psync: one pread64 per I/O)."""
-    out = subprocess.run(
-        [
-            "fio",
-            "--name=bench",
-            f"--filename={path}",
-            "--rw=randread",
-            "--bs=4k",
-            "--direct=1",
-            "--ioengine=psync",
-            "--iodepth=1",
-            f"--runtime={seconds}",
-            "--time_based",
-            "--output-format=json",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return float(json.loads(out)["jobs"][0]["read"]["iops"])
-
-
 def fio_rounds(rounds: int, seconds: int, script: Path) -> None:
     """The fio job untraced and under each tracer, interleaved; events to /dev/null."""
     meridian = [str(ROOT / ".venv" / "bin" / "meridian"), "io"]
@@ -137,7 +113,7 @@ def fio_rounds(rounds: int, seconds: int, script: Path) -> None:
             check=True, capture_output=True,
         )  # fmt: skip
         results = interleaved(
-            lambda: fio(data, seconds),
+            lambda: fio_randread_iops(data, seconds),
             {
                 "meridian io --no-events": [*meridian, "--no-events"],
                 "meridian io (JSON to /dev/null)": meridian,
