@@ -65,10 +65,21 @@ class Child:
                 f.close()
 
 
+def free_ports(n: int) -> list[int]:
+    """n distinct loopback ports free now (all held until all are chosen). Call it
+    after any receiver the test starts has bound its own port."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def meridian(*args: str, stderr: Any = subprocess.PIPE) -> subprocess.Popen[str]:
@@ -83,8 +94,10 @@ def meridian(*args: str, stderr: Any = subprocess.PIPE) -> subprocess.Popen[str]
 def wait_attached(proc: subprocess.Popen[str]) -> None:
     """`-v` prints the strategy once the programs are attached."""
     assert proc.stderr is not None
+    seen: list[str] = []
     while "strategy:" not in (line := proc.stderr.readline()):
-        assert line, "meridian exited before attaching"
+        assert line, f"meridian exited before attaching: {''.join(seen[-5:])}"
+        seen.append(line)
 
 
 def stop(proc: subprocess.Popen[str]) -> None:
@@ -123,7 +136,7 @@ def promql(port: int, query: str) -> dict[str, float]:
 def test_real_prometheus_scrapes_the_workload_bytes(tmp_path: Path) -> None:
     binary = shutil.which("prometheus")
     assert binary, "Prometheus is not installed: make deps (Debian package prometheus)"
-    mport, pport = free_port(), free_port()
+    mport, pport = free_ports(2)
     (tmp_path / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         "scrape_configs:\n"
@@ -319,9 +332,9 @@ def test_memlat_exports_its_histograms_on_prometheus_and_otlp() -> None:
     from meridian.tools.memlat import page_toucher, run_toucher
 
     pages = (64 << 20) // 4096
-    mport = free_port()
     memlat = None
     with grpc_receiver() as (port, got), page_toucher(64) as child:
+        mport = free_port()  # after the receiver bound its own
         try:
             memlat = meridian(
                 *("memlat", "-v", "-P", "-p", str(child.pid)),
@@ -408,9 +421,9 @@ def test_runqlat_exports_its_histogram_over_otlp_http() -> None:
 
 
 def test_biolat_exports_per_disk_metrics_on_prometheus_and_otlp(loop_device: LoopDevice) -> None:
-    mport = free_port()
     bio = None
     with grpc_receiver() as (port, got):
+        mport = free_port()  # after the receiver bound its own
         try:
             bio = meridian(
                 *("biolat", "-v", "-d", loop_device.name, "--prometheus", f"127.0.0.1:{mport}"),
