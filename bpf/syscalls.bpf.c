@@ -189,19 +189,6 @@ static __always_inline bool skip_for_fd(const struct syscalls_meta *meta, const 
 	return meta->need_fd && pos >= 0 && pos < 6 && (int)args[pos & 7] < 0;
 }
 
-/* Walking an fd's dentries up to the root, then writing their names down from it,
- * straight into the record being built (bufs[0]) at data[base]: two bpf_loop()
- * callbacks, each verified once. Kernel pointers are kept as numbers and retyped with
- * bpf_rdonly_cast where they are read. */
-struct walk_ctx {
-	__u64 d;	/* struct dentry * */
-	__u64 mnt;	/* struct mount * */
-	__u32 n;	/* dentries in chain, leaf first */
-	__u32 off;	/* bytes of the path written */
-	__u32 base;	/* where the path starts in data[] (at most 2 * SYSCALLS_STR_LEN) */
-	__u64 chain[SYSCALLS_PATH_DEPTH];
-};
-
 static __always_inline struct dentry *as_dentry(__u64 p)
 {
 	return bpf_rdonly_cast((void *)p, bpf_core_type_id_kernel(struct dentry));
@@ -211,6 +198,42 @@ static __always_inline struct mount *as_mount(__u64 p)
 {
 	return bpf_rdonly_cast((void *)p, bpf_core_type_id_kernel(struct mount));
 }
+
+/* A name kept inside its dentry (d_shortname, under 40 bytes: most names) copied as
+ * five word loads and stores, with no helper call; the bytes past it are overwritten by
+ * what follows. Returns its length, or -1 when the name lives elsewhere (a long name,
+ * or a kernel before 6.14, which calls the field d_iname). */
+static __always_inline long copy_short_name(__u64 p, char *to)
+{
+	struct dentry *d = as_dentry(p);
+	__u32 len = d->d_name.len;
+	__u64 *out = (__u64 *)to;
+
+	if (!bpf_core_field_exists(struct dentry, d_shortname) ||
+	    (__u64)d->d_name.name != p + bpf_core_field_offset(struct dentry, d_shortname) ||
+	    len >= sizeof(d->d_shortname))
+		return -1;
+	out[0] = d->d_shortname.words[0];
+	out[1] = d->d_shortname.words[1];
+	out[2] = d->d_shortname.words[2];
+	out[3] = d->d_shortname.words[3];
+	out[4] = d->d_shortname.words[4];
+	return len;
+}
+
+/* Walking an fd's dentries up to the root, then writing their names down from it,
+ * straight into the record being built (bufs[0]) at data[base]: two bpf_loop()
+ * callbacks, each verified once (bounded loops in place of them exceed the verifier's
+ * budget). Kernel pointers are kept as numbers and retyped with bpf_rdonly_cast where
+ * they are read. */
+struct walk_ctx {
+	__u64 d;	/* struct dentry * */
+	__u64 mnt;	/* struct mount * */
+	__u32 n;	/* dentries in chain, leaf first */
+	__u32 off;	/* bytes of the path written */
+	__u32 base;	/* where the path starts in data[] (at most 2 * SYSCALLS_STR_LEN) */
+	__u64 chain[SYSCALLS_PATH_DEPTH];
+};
 
 static long walk_up(__u64 i, struct walk_ctx *c)
 {
@@ -236,21 +259,24 @@ static long walk_up(__u64 i, struct walk_ctx *c)
 
 static long write_down(__u64 k, struct walk_ctx *c)
 {
-	__u32 zero = 0, i, at, base = c->base;
+	__u32 zero = 0, at, base = c->base;
 	struct syscalls_buf *b = bpf_map_lookup_elem(&bufs, &zero);
+	__u64 d;
 	long len;
 
 	if (!b || k >= c->n || c->off >= SYSCALLS_PATH_LEN - 1 || base > 2 * SYSCALLS_STR_LEN)
 		return 1;
-	i = c->n - 1 - k;
+	d = c->chain[(c->n - 1 - k) & (SYSCALLS_PATH_DEPTH - 1)];
 	at = base + (c->off & (SYSCALLS_PATH_LEN - 1));
 	b->data[at] = '/';
 	c->off++;
 	at = base + (c->off & (SYSCALLS_PATH_LEN - 1));
-	len = bpf_probe_read_kernel_str(&b->data[at], SYSCALLS_PATH_LEN,
-					as_dentry(c->chain[i & (SYSCALLS_PATH_DEPTH - 1)])->d_name.name);
-	if (len > 1)
-		c->off += len - 1;
+	len = copy_short_name(d, &b->data[at]);
+	if (len < 0)
+		len = bpf_probe_read_kernel_str(&b->data[at], SYSCALLS_PATH_LEN,
+						as_dentry(d)->d_name.name) - 1;
+	if (len > 0)
+		c->off += len;
 	return 0;
 }
 

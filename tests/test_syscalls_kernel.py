@@ -119,12 +119,14 @@ def test_prog_calls_paired_with_paths(prog: Path, tmp_path: Path, strategy: str)
 @pytest.mark.parametrize("strategy", ["tp_btf", "tracepoint"])
 def test_fd_path_crosses_mounts(prog: Path, tmp_path: Path, strategy: str) -> None:
     """An fd's path is resolved in the kernel across mount points: a file on a tmpfs
-    mounted two levels below the test's directory, and a file at that mount's root."""
+    mounted two levels below the test's directory, and a file at that mount's root.
+    The deep path has a 39-byte name (the longest kept inside its dentry, copied by
+    word loads) and a 40-byte one (kept outside, read by a helper)."""
     mnt = tmp_path.resolve() / "outer" / "mnt"
     mnt.mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "meridian-test", str(mnt)], check=True)
     try:
-        deep = mnt / "d1" / "d2"
+        deep = mnt / ("i" * 39) / ("x" * 40) / "d2"
         deep.mkdir(parents=True)
         for src in (deep / "input.txt", mnt / "top.txt"):
             src.write_bytes(CONTENT)
