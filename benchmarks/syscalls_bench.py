@@ -2,9 +2,11 @@
 on one file, untraced, under `meridian syscalls -w FILE.jsonl -- loop` (every call
 decoded, recorded as JSON lines and printed to /dev/null), under `meridian syscalls
 -q -w FILE.raw -- loop` (every record streamed raw to a file, nothing decoded), under
-`strace -f -e trace=openat,newfstatat,close -o /dev/null`, and under bpftrace
-printing the same calls (enter and exit), interleaved round by round in the same
-run. Ratios are medians of traced / untraced of the neighbouring rounds; meridian's
+`strace -f -e trace=openat,newfstatat,close -o /dev/null`, under bpftrace
+printing the same calls (enter and exit), and with meridian's programs attached but
+filtering the loop out in the kernel (`-p` of an idle process): the floor that the
+raw syscall hooks alone set for any tracer on them. Interleaved round by round in the
+same run. Ratios are medians of traced / untraced of the neighbouring rounds; meridian's
 lost events (ring buffer full) are reported.
 
 Run as root from the repository: .venv/bin/python benchmarks/syscalls_bench.py [rounds] [seconds]
@@ -97,6 +99,7 @@ def main() -> int:
             "meridian_raw": [],
             "strace": [],
             "bpftrace": [],
+            "hooks_only": [],
         }
         ratios: dict[str, list[float]] = {k: [] for k in results if k != "untraced"}
         lost: list[str] = []
@@ -118,6 +121,17 @@ def main() -> int:
                 b, _ = run_loop(base)
                 bt.terminate()
                 bt.wait()
+                idle = subprocess.Popen(["sleep", "1000"])
+                hooks = subprocess.Popen(
+                    [*MERIDIAN, "-q", "-w", "/dev/null", "-p", str(idle.pid)],
+                    stderr=subprocess.DEVNULL,
+                )
+                time.sleep(3)  # attached
+                h, _ = run_loop(base)
+                hooks.terminate()
+                hooks.wait()
+                idle.kill()
+                idle.wait()
                 u2, _ = run_loop(base)
                 u = (u1 + u2) / 2
                 for k, v in (
@@ -126,13 +140,15 @@ def main() -> int:
                     ("meridian_raw", mr),
                     ("strace", st),
                     ("bpftrace", b),
+                    ("hooks_only", h),
                 ):
                     results[k].append(v)
                     if k != "untraced":
                         ratios[k].append(v / u)
                 print(
                     f"round {r + 1}: untraced {u:.0f}/s meridian {m:.0f}/s raw {mr:.0f}/s "
-                    f"strace {st:.0f}/s bpftrace {b:.0f}/s; meridian: {lost[-2]}; raw: {lost[-1]}",
+                    f"strace {st:.0f}/s bpftrace {b:.0f}/s hooks only {h:.0f}/s; "
+                    f"meridian: {lost[-2]}; raw: {lost[-1]}",
                     flush=True,
                 )
     print(
@@ -148,6 +164,14 @@ def main() -> int:
     print(f"meridian / strace: {rm / rs:.1f}x;  meridian / bpftrace: {rm / rb:.2f}x")
     rr = statistics.median(ratios["meridian_raw"])
     print(f"meridian -q -w raw / strace: {rr / rs:.1f}x;  / bpftrace: {rr / rb:.2f}x")
+    rh = statistics.median(ratios["hooks_only"])
+    print(f"hooks only / strace: {rh / rs:.1f}x (the most a tracer on these hooks can reach)")
+    # Added time per call, in untraced call times: 1 / ratio - 1.
+    cost = {k: 1 / statistics.median(ratios[k]) - 1 for k in ("meridian_raw", "strace")}
+    print(
+        f"per call: strace adds {cost['strace']:.2f} untraced call times, meridian -q -w raw "
+        f"{cost['meridian_raw']:.2f}: {cost['strace'] / cost['meridian_raw']:.1f}x less"
+    )
     return 0
 
 

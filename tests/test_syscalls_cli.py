@@ -12,7 +12,7 @@ import pytest
 from meridian.cli import main
 from meridian.syscalls import Syscall
 from meridian.syscalls.recording import Recorder
-from meridian.tools.syscalls import MAX_NR, meta_table
+from meridian.tools.syscalls import MAX_NR, meta_table, read_until_damage
 
 T0 = 1_700_000_000_000_000_000
 
@@ -104,9 +104,18 @@ def test_replay_of_a_damaged_file_names_the_line(
     rec = _rec(tmp_path / "r.jsonl")
     rec.write_bytes(rec.read_bytes()[:-20])
     assert main(["syscalls", "-r", str(rec)]) == 2
-    assert capsys.readouterr().err == (
+    out, err = capsys.readouterr()
+    assert err == (
         f"meridian syscalls: error: {rec}: line 5 is truncated: the recording is damaged\n"
     )
+    # What precedes the damage is shown: a whole call, and one whose end was lost.
+    assert out.splitlines() == [
+        '22:13:20.000000 cat(7:7) openat(AT_FDCWD, "/etc/passwd", O_RDONLY) = 3 <9us>',
+        '22:13:20.000010 cat(7:7) openat(AT_FDCWD, "/nope", O_RDONLY) = ?',
+    ]
+    events, damage = read_until_damage(str(rec))
+    assert [e.index for e in events] == [0, 1, 2] and damage is not None
+    assert "line 5 is truncated" in str(damage)
     other = tmp_path / "biolat.jsonl"
     other.write_text('{"time": "x", "devices": []}\n')
     assert main(["syscalls", "-r", str(other)]) == 2

@@ -188,3 +188,14 @@ def test_memory_cap_drops_the_oldest_and_says_so() -> None:
         assert column(app, "result") == ["-2 ENOENT", "?"]  # 4 paired with its end 5
 
     run_app(SyscallsApp(feed, live=True, max_rows=4, spill="rec.raw"), body)
+
+
+def test_damaged_recording_shows_what_was_read_and_says_so() -> None:
+    app = SyscallsApp(ListFeed(events()[:5]), live=False)
+    app.warning = "r.jsonl: line 6 is truncated: the recording is damaged"
+
+    async def body(pilot: Any, app: SyscallsApp) -> None:
+        assert column(app, "syscall") == ["openat", "stat", "openat"]
+        assert [n.message for n in app._notifications] == [app.warning]
+
+    run_app(app, body)

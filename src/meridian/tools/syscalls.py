@@ -421,12 +421,14 @@ def _summary(
 def replay(opts: Options, out: TextIO, err: TextIO) -> int:
     assert opts.read is not None
     p = Pipeline(opts, out, replay=True)
-    for n, sc in enumerate(read_events(opts.read), 1):
-        p.add(sc)
-        if n % 4096 == 0:
-            p.flush()
-            p.trim()
-    p.finish()
+    try:
+        for n, sc in enumerate(read_events(opts.read), 1):
+            p.add(sc)
+            if n % 4096 == 0:
+                p.flush()
+                p.trim()
+    finally:
+        p.finish()  # a damaged recording: everything before the damage, then the error
     if opts.verbose:
         _summary(p, None, err)
     return 0
@@ -705,11 +707,29 @@ class _CaptureFeed:
         return self.cap.counters()
 
 
+def read_until_damage(path: str) -> tuple[list[Syscall], UsageError | None]:
+    """A recording's events up to any damage, and the damage (a truncated file is
+    still worth viewing). A file that is not a recording at all is an error at once."""
+    events: list[Syscall] = []
+    try:
+        events.extend(read_events(path))
+    except UsageError as exc:
+        if not events:
+            raise
+        return events, exc
+    return events, None
+
+
 def run_tui(opts: Options) -> int:
     tui = _tui_module()
     flt = build_filter(opts, replay=bool(opts.read))
     if opts.read:
-        tui.SyscallsApp(tui.ListFeed(list(read_events(opts.read))), live=False, flt=flt).run()
+        events, damage = read_until_damage(opts.read)
+        app = tui.SyscallsApp(tui.ListFeed(events), live=False, flt=flt)
+        app.warning = str(damage) if damage else None
+        app.run()
+        if damage:
+            raise damage
         return 0
     launcher: Launcher | None = None
     recorder: Recorder | None = None

@@ -265,6 +265,7 @@ class SyscallsApp(App[None]):
         self._rate_events = 0
         self._rate_t = time.monotonic()
         self.rate = 0.0
+        self.warning: str | None = None  # shown once the screen is up (a damaged recording)
 
     # ---- layout ------------------------------------------------------------------
 
@@ -289,6 +290,8 @@ class SyscallsApp(App[None]):
         self.tick()
         self.set_interval(0.05, self.tick)
         table.focus()
+        if self.warning:
+            self.notify(self.warning, severity="error", timeout=30)
 
     # ---- the model -----------------------------------------------------------------
 
