@@ -543,3 +543,21 @@ def test_replay_errors_name_the_line(tmp_path: Path) -> None:
         list(read_events(empty))
     with pytest.raises(UsageError, match="does not exist"):
         list(read_events(tmp_path / "nope"))
+
+
+def test_cut_off_zstd_recording_says_zstd_failed(tmp_path: Path) -> None:
+    if shutil.which("zstd") is None:
+        pytest.skip("no zstd program")
+    path = tmp_path / "rec.jsonl.zst"
+    with Recorder(path) as rec:
+        for e in _events():
+            rec.write(e)
+    data = path.read_bytes()
+    cut = tmp_path / "cut.jsonl.zst"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(UsageError, match=r"zstd could not decompress it"):
+        list(read_events(cut))
+    whole = list(read_events(path))
+    assert len(whole) == len(_events())
+    first = next(iter(read_events(path)))  # a reader that stops early is no error
+    assert first == _events()[0]

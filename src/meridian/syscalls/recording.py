@@ -204,7 +204,6 @@ def read_events(path: str | Path) -> Iterator[Syscall]:
     if not p.exists():
         raise UsageError(f"recording {p} does not exist")
     stream, done = _open(p)
-    ok = False
     try:
         first = stream.readline(_HEADER_MAX)
         if not first:
@@ -225,9 +224,14 @@ def read_events(path: str | Path) -> Iterator[Syscall]:
                 f"{p}: line 1: format version {version!r}, "
                 f"this meridian reads versions {VERSION} and {RAW_VERSION}"
             )
-        ok = True
-    finally:
-        done(ok)
+    except UsageError:
+        # At the end of the stream, a failed zstd (a cut-off frame) says why better.
+        done(not stream.read(1))
+        raise
+    except BaseException:
+        done(False)
+        raise
+    done(True)
 
 
 def _parse(p: Path, n: int, line: bytes) -> dict[str, Any]:
