@@ -33,6 +33,7 @@ const volatile bool events_on = true;
 const volatile bool disk_only = false;
 const volatile __u64 min_latency_ns = 0;
 const volatile __u64 wakeup_bytes = 1;
+const volatile __u64 tick_ns = 10000000;	/* 1 s / CLK_TCK: /proc/PID/stat's time unit */
 
 /* An operation in flight on a thread, and the disk signals seen meanwhile. */
 struct fileio_inflight {
@@ -108,6 +109,8 @@ struct rq_owner {
 	__u64 issue_ns;
 	__u32 pid;
 	__u32 tid;
+	__u32 start;		/* process start (proc_start) */
+	__u32 pad;
 	char comm[IO_COMM_LEN];
 };
 
@@ -351,13 +354,22 @@ static __always_inline __u64 take_ahead(struct fileio_inflight *st, long ret)
 	return hi - lo;
 }
 
+/* The process's start time in clock ticks since boot, as /proc/PID/stat (field 22)
+ * shows it: with the PID it names one process, also once the PID is reused. */
+static __always_inline __u32 proc_start(struct task_struct *task)
+{
+	return task->group_leader->start_boottime / tick_ns;
+}
+
 /* One completed operation into the aggregates and, if asked, the event stream. */
 static __always_inline void account(struct fileio_inflight *st, __u32 op, __u64 ino,
 				    __u32 dev, __s32 fd, long ret, __u64 disk, bool cached,
 				    __u64 io_wait, __u64 lat, __u64 now, struct task_struct *task,
 				    bool disk_time)
 {
-	struct fileio_key key = { .pid = task->tgid, .op = op, .cached = cached };
+	struct fileio_key key = {
+		.pid = task->tgid, .op = op, .cached = cached, .start = proc_start(task),
+	};
 	struct fileio_stats *s;
 	struct fileio_event *ev;
 
@@ -539,6 +551,7 @@ int BPF_PROG(tp_io_start, struct request *rq)
 		return 0;
 	o.pid = task->tgid;
 	o.tid = task->pid;
+	o.start = proc_start(task);
 	st = busy_slot(o.tid);
 	if (st)
 		o.op_start = st->start_ns;
@@ -586,6 +599,7 @@ int BPF_PROG(tp_rq_complete, struct request *rq, blk_status_t error, unsigned in
 	lat = bpf_ktime_get_ns() - o->issue_ns;
 	dk.pid = o->pid;
 	dk.op = op;
+	dk.start = o->start;
 	s = bpf_map_lookup_elem(&disk_io, &dk);
 	if (!s) {
 		bpf_map_update_elem(&disk_io, &dk, &zero_disk, BPF_NOEXIST);

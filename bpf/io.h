@@ -17,7 +17,8 @@ struct fileio_key {
 	__u32 pid;
 	__u32 op;		/* enum io_op */
 	__u32 cached;		/* 1: no page-cache insertion, no block I/O, no I/O wait */
-	__u32 pad;
+	__u32 start;		/* process start, clock ticks since boot (/proc/PID/stat
+				 * field 22): a reused PID is another process */
 };
 
 /* Per-CPU values of the aggregate map; user space sums over CPUs. */
@@ -40,6 +41,8 @@ struct fileio_stats {
 struct fileio_disk_key {
 	__u32 pid;
 	__u32 op;		/* enum io_op */
+	__u32 start;		/* as in fileio_key */
+	__u32 pad;
 };
 
 struct fileio_disk_stats {

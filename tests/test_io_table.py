@@ -23,11 +23,13 @@ class FakeMap:
     """Cumulative per-(pid, op, cached) counters, as the kernel keeps them."""
 
     def __init__(self) -> None:
-        self.cells: dict[tuple[int, int, int], dict[str, Any]] = {}
+        self.cells: dict[tuple[int, int, int, int], dict[str, Any]] = {}
         self.comms: dict[int, bytes] = {}
 
-    def io(self, pid: int, op: int, cached: int, ops: int, nbytes: int, slot: int = 10) -> None:
-        c = self.cells.setdefault((pid, op, cached), {"ops": 0, "bytes": 0, "slots": {}})
+    def io(
+        self, pid: int, op: int, cached: int, ops: int, nbytes: int, slot: int = 10, start: int = 0
+    ) -> None:
+        c = self.cells.setdefault((pid, op, cached, start), {"ops": 0, "bytes": 0, "slots": {}})
         c["ops"] += ops
         c["bytes"] += nbytes
         c["slots"][slot] = c["slots"].get(slot, 0) + ops
@@ -35,8 +37,9 @@ class FakeMap:
     def snapshot(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         keys = np.zeros(len(self.cells), KEY)
         vals = np.zeros((len(self.cells), 2), VAL)  # two CPUs, all on CPU 1
-        for i, ((pid, op, cached), c) in enumerate(sorted(self.cells.items())):
+        for i, ((pid, op, cached, start), c) in enumerate(sorted(self.cells.items())):
             keys[i]["pid"], keys[i]["op"], keys[i]["cached"] = pid, op, cached
+            keys[i]["start"] = start
             vals[i, 1]["ops"], vals[i, 1]["bytes"] = c["ops"], c["bytes"]
             vals[i, 1]["comm"] = self.comms.get(pid, b"proc%d" % pid)
             vals[i, 1]["first_ns"], vals[i, 1]["last_ns"] = 1, 2
@@ -47,11 +50,11 @@ class FakeMap:
 
     def delete(self, keys: np.ndarray[Any, Any]) -> None:
         for k in keys:
-            del self.cells[(int(k["pid"]), int(k["op"]), int(k["cached"]))]
+            del self.cells[(int(k["pid"]), int(k["op"]), int(k["cached"]), int(k["start"]))]
 
 
 def test_rolling_windows_are_exact_differences_of_snapshots() -> None:
-    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid: True)
+    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid, start: True)
     for t in range(1, 71):  # 1000 bytes/s of reads, one op per second, for 70 s
         m.io(100, 0, 1, 1, 1000)
         table.update(*m.snapshot(), t * NS)
@@ -75,7 +78,7 @@ def test_rolling_windows_are_exact_differences_of_snapshots() -> None:
 
 
 def test_interval_ops_histogram_and_hit_ratio() -> None:
-    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid: True)
+    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid, start: True)
     m.io(7, 0, 1, 10, 100, slot=5)
     table.update(*m.snapshot(), NS)
     m.io(7, 0, 1, 3, 30, slot=12)  # 3 cached, 1 disk in the second interval
@@ -94,7 +97,7 @@ def test_interval_ops_histogram_and_hit_ratio() -> None:
 
 def test_exited_processes_are_retired_after_the_grace_period() -> None:
     m, alive = FakeMap(), {1, 2}
-    table = PidTable(start_ns=0, grace_s=30, alive=lambda pid: pid in alive)
+    table = PidTable(start_ns=0, grace_s=30, alive=lambda pid, start: pid in alive)
     m.io(1, 0, 1, 1, 10)
     m.io(2, 1, 0, 1, 20)
     m.io(2, 0, 1, 1, 20)
@@ -107,13 +110,37 @@ def test_exited_processes_are_retired_after_the_grace_period() -> None:
     m.delete(gone)
     table.update(*m.snapshot(), 33 * NS)
     assert [r.pid for r in table.rows()] == [1]
-    assert table.summaries()[2].total().bytes == 40  # kept for the exit summary
-    assert set(table.summaries()) == {1, 2}
+    final = {ps.pid: ps for ps in table.summaries()}
+    assert final[2].total().bytes == 40  # kept for the exit summary
+    assert set(final) == {1, 2}
+
+
+def test_a_reused_pid_is_another_process() -> None:
+    """PID 5 exits and a new process gets PID 5 within the grace period: the old one
+    is retired at once with its own totals, and PID 5's series start from zero."""
+    m = FakeMap()
+    table = PidTable(start_ns=0, grace_s=30, alive=lambda pid, start: start == 200)
+    m.io(5, 0, 1, 3, 300, start=100)
+    table.update(*m.snapshot(), 1 * NS)
+    m.io(5, 0, 1, 1, 7, start=200)  # the new process's first read
+    gone = table.update(*m.snapshot(), 2 * NS)
+    assert [(int(k["pid"]), int(k["start"])) for k in gone] == [(5, 100)]
+    m.delete(gone)
+    (row,) = table.rows()
+    assert (row.pid, row.ops["read"].ops, row.ops["read"].interval_ops) == (5, 1, 1)
+    m.io(5, 0, 1, 1, 7, start=200)
+    table.update(*m.snapshot(), 3 * NS)
+    (row,) = table.rows()
+    assert (row.ops["read"].ops, row.ops["read"].bytes_per_s[1]) == (2, 7.0)
+    assert [(ps.pid, ps.start, ps.total().bytes) for ps in table.summaries()] == [
+        (5, 100, 300),
+        (5, 200, 14),
+    ]
 
 
 def test_a_pid_seen_alive_again_starts_its_grace_over() -> None:
     m, alive = FakeMap(), {5}
-    table = PidTable(start_ns=0, grace_s=10, alive=lambda pid: pid in alive)
+    table = PidTable(start_ns=0, grace_s=10, alive=lambda pid, start: pid in alive)
     m.io(5, 0, 1, 1, 1)
     alive.clear()
     table.update(*m.snapshot(), 1 * NS)
@@ -125,7 +152,7 @@ def test_a_pid_seen_alive_again_starts_its_grace_over() -> None:
 
 
 def test_max_pids_caps_series_into_comm_then_other() -> None:
-    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid: True)
+    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid, start: True)
     sizes = {10: 5000, 11: 4000, 12: 3000, 13: 2000, 14: 1000, 15: 500}
     names = {10: b"a", 11: b"a", 12: b"b", 13: b"c", 14: b"a", 15: b"d"}
     for pid, n in sizes.items():
@@ -146,10 +173,10 @@ def test_max_pids_caps_series_into_comm_then_other() -> None:
 
 
 def test_processes_evicted_from_the_map_leave_the_table() -> None:
-    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid: True)
+    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid, start: True)
     m.io(1, 0, 1, 1, 1)
     m.io(2, 0, 1, 1, 1)
     table.update(*m.snapshot(), NS)
-    del m.cells[(2, 0, 1)]
+    del m.cells[(2, 0, 1, 0)]
     table.update(*m.snapshot(), 2 * NS)
     assert [r.pid for r in table.rows()] == [1]

@@ -19,7 +19,7 @@ from meridian.tools.io_top import ENTER, LEAVE, check_terminal, fmt_ns, render, 
 
 def table_of(rates: dict[int, tuple[int, int, int]]) -> PidTable:
     """pid -> (bytes read, bytes written, latency slot) in the last second."""
-    m, t = FakeMap(), PidTable(start_ns=0, alive=lambda pid: True)
+    m, t = FakeMap(), PidTable(start_ns=0, alive=lambda pid, start: True)
     t.update(*m.snapshot(), 0)
     for pid, (r, w, slot) in rates.items():
         m.comms[pid] = b"p%d" % pid
@@ -98,12 +98,12 @@ class FakeTool:
 def test_ctrl_c_restores_the_screen() -> None:
     out = Tty()
     opts = type("O", (), {"duration": None, "interval": 0.01, "max_series": None, "sort": "bytes"})
-    table = PidTable(0, alive=lambda pid: True)
+    table = PidTable(0, alive=lambda pid, start: True)
     run_top(FakeTool(FakeMap()), table, opts, out, lambda keys: None)
     text = out.getvalue()
     assert text.startswith(ENTER) and text.endswith(LEAVE)
     assert text.count("meridian io --top") == 2
-    assert table.summaries()[9].total().ops == 2
+    assert [ps.total().ops for ps in table.summaries() if ps.pid == 9] == [2]
 
 
 def test_top_needs_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:

@@ -74,6 +74,19 @@ def comm_of(pid: int, proc_root: str | Path = "/proc") -> str | None:
         return None
 
 
+CLOCK_TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def proc_start(pid: int, proc_root: str | Path = "/proc") -> int | None:
+    """A process's start time in clock ticks since boot (/proc/PID/stat field 22), the
+    value io's kernel keys carry (32 bits); None when there is no such process."""
+    try:
+        stat = (Path(proc_root) / str(pid) / "stat").read_bytes()
+        return int(stat[stat.rindex(b")") + 2 :].split()[19]) & 0xFFFFFFFF
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def thread_slots(proc_root: str | Path = "/proc", cap: int = 1 << 18) -> int:
     """Size of a BPF array with one slot per thread, indexed by TID modulo its size:
     the power of two that covers pid_max (so no two live threads share a slot), at

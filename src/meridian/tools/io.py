@@ -26,7 +26,7 @@ from ..errors import UsageError
 from ..export import Exporters, ExportOptions, add_arguments, exporting, from_args
 from ..hist import Log2Hist
 from ..output import JsonWriter, fmt_bytes, print_table
-from ..proc import thread_slots
+from ..proc import CLOCK_TICK_NS, thread_slots
 from ..session import Session
 from .io_format import TEXT_HEADER, EventFormatter
 from .io_metrics import io_source
@@ -143,6 +143,7 @@ class FileIO(Session):
                 "disk_only": o.disk_only,
                 "min_latency_ns": o.min_latency_ns,
                 "wakeup_bytes": obj.maps["events"].max_entries // 4,
+                "tick_ns": CLOCK_TICK_NS,
             }
         )
         obj.resize("inflight", slots)
@@ -225,6 +226,7 @@ class PidSummary:
     pid: int
     comm: str
     cells: dict[tuple[str, bool], OpStats] = field(default_factory=dict)
+    start: int = 0  # clock ticks since boot (/proc/PID/stat field 22): tells reused PIDs apart
 
     def total(self, op: str | None = None, cached: bool | None = None) -> OpStats:
         out = OpStats()
@@ -265,10 +267,18 @@ class PidSummary:
 
 
 def summarize(keys: np.ndarray[Any, Any], vals: np.ndarray[Any, Any]) -> dict[int, PidSummary]:
-    """Per-PID summaries from the aggregate map (per-CPU values, shape (n, ncpus))."""
-    out: dict[int, PidSummary] = {}
+    """Per-PID summaries from the aggregate map (per-CPU values, shape (n, ncpus)): the
+    newest process of each PID (an older one is a process whose PID was reused)."""
+    return {pid: ps for (pid, _), ps in summarize_processes(keys, vals).items()}
+
+
+def summarize_processes(
+    keys: np.ndarray[Any, Any], vals: np.ndarray[Any, Any]
+) -> dict[tuple[int, int], PidSummary]:
+    """Per-process summaries, by (PID, start) in that order."""
+    out: dict[tuple[int, int], PidSummary] = {}
     for k, v in zip(keys, vals, strict=True):
-        pid = int(k["pid"])
+        pid, start = int(k["pid"]), int(k["start"])
         v = np.atleast_1d(v)
         firsts = v["first_ns"][v["first_ns"] > 0]
         comms = [c for c in v["comm"] if c]
@@ -285,7 +295,8 @@ def summarize(keys: np.ndarray[Any, Any], vals: np.ndarray[Any, Any]) -> dict[in
             hist=Log2Hist(v["slots"].sum(axis=0).astype(np.uint64), "nsecs"),
         )
         ps = out.setdefault(
-            pid, PidSummary(pid, comms[0].decode(errors="replace") if comms else "")
+            (pid, start),
+            PidSummary(pid, comms[0].decode(errors="replace") if comms else "", start=start),
         )
         ps.cells[(OPS[min(int(k["op"]), 1)], bool(k["cached"]))] = s
     return dict(sorted(out.items()))
@@ -473,7 +484,7 @@ def run_options(opts: Options, out: TextIO) -> int:
 def _stream(tool: FileIO, exporters: Exporters, opts: Options, out: TextIO) -> int:
     """The event stream (or --top) and the PID table until the end, then the summary."""
     from .io_block import summarize_block
-    from .io_table import RETIRED_MAX, PidTable, delete_keys
+    from .io_table import RETIRED_MAX, PidTable, delete_keys, process_ids
     from .io_top import run_top
 
     fmt = EventFormatter()
@@ -498,9 +509,11 @@ def _stream(tool: FileIO, exporters: Exporters, opts: Options, out: TextIO) -> i
     def retire(keys: np.ndarray[Any, Any]) -> None:
         delete_keys(stats_map, keys)
         dkeys, dvals = tool.disk_stats()
-        gone = table.gone({int(p) for p in dkeys["pid"]}, time.monotonic_ns())
+        procs = {(int(p), int(s)) for p, s in zip(dkeys["pid"], dkeys["start"], strict=True)}
+        gone = table.gone(procs, time.monotonic_ns())
         if gone:
-            mask = np.isin(dkeys["pid"], gone)
+            ids = np.array([(pid << 32) | start for pid, start in gone], np.uint64)
+            mask = np.isin(process_ids(dkeys), ids)
             retired_block.extend(summarize_block(dkeys[mask], dvals[mask]))
             del retired_block[: max(0, len(retired_block) - RETIRED_MAX)]
             delete_keys(disk_map, dkeys[mask])
@@ -564,7 +577,7 @@ def _workload(on: bool, seconds: float | None) -> Iterator[None]:
 
 
 def report(
-    pids: dict[int, PidSummary],
+    pids: Iterable[PidSummary],
     counters: dict[str, int],
     seconds: float,
     opts: Options,
@@ -577,7 +590,7 @@ def report(
     requests per submitting process (io_block.py)."""
     if opts.format == "json":
         w = JsonWriter(out)
-        for ps in pids.values():
+        for ps in pids:
             d = ps.as_dict(seconds)
             for op, windows in (rolling or {}).get(ps.pid, {}).items():
                 if op in d:
@@ -588,7 +601,7 @@ def report(
         w.write({"type": "lost", "seconds": round(seconds, 6), **counters})
         return
     rows = []
-    for ps in pids.values():
+    for ps in pids:
         for op in OPS:
             t = ps.total(op)
             if not t.ops:

@@ -11,7 +11,9 @@ between them, whatever the event stream dropped:
 - processes that exited are retired `grace` seconds (default 30) after the table
   first saw them gone: their keys are returned by `update` for the caller to delete
   from the kernel map (so it never fills with the dead), and their final totals move
-  to `retired` (at most `RETIRED_MAX`, the oldest forgotten and counted);
+  to `retired` (at most `RETIRED_MAX`, the oldest forgotten and counted). A process
+  is its PID and its start time (the kernel keys carry both): one whose PID another
+  process took is retired at once, and the PID's series start over;
 - `rows(max_pids=N)` caps the series: the N processes with the most bytes in the last
   60 s keep a row of their own; the others are summed per command name (at most N
   such `comm` rows, pid None), and what is left after those goes into one row
@@ -25,7 +27,6 @@ itself for 1 s and 10 s, and 60 s give or take the 12 s thinning.
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -34,9 +35,10 @@ from typing import Any
 import numpy as np
 
 from ..hist import Log2Hist
-from .io import OPS, PidSummary, summarize
+from ..proc import proc_start
+from .io import OPS, PidSummary, summarize_processes
 
-__all__ = ["RETIRED_MAX", "WINDOWS", "OpView", "PidTable", "Row", "pid_alive"]
+__all__ = ["RETIRED_MAX", "WINDOWS", "OpView", "PidTable", "Row", "process_alive"]
 
 WINDOWS = (1, 10, 60)  # seconds
 RETIRED_MAX = 4096
@@ -45,8 +47,19 @@ NS = 1_000_000_000
 FINE_NS = 12 * NS  # every sample this recent is kept; older ones one per FINE_NS
 
 
-def pid_alive(pid: int, proc_root: str = "/proc") -> bool:
-    return os.path.exists(f"{proc_root}/{pid}")
+Process = tuple[int, int]  # PID, start (clock ticks since boot)
+
+
+def process_alive(pid: int, start: int) -> bool:
+    """Is this process (not merely this PID) still there?"""
+    return proc_start(pid) == start
+
+
+def process_ids(keys: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Kernel keys (with pid and start fields) as one number per process."""
+    ids: np.ndarray[Any, Any] = keys["pid"].astype(np.uint64) << np.uint64(32)
+    ids |= keys["start"].astype(np.uint64)
+    return ids
 
 
 @dataclass
@@ -165,18 +178,19 @@ class PidTable:
         self,
         start_ns: int,
         grace_s: float = 30.0,
-        alive: Callable[[int], bool] = pid_alive,
+        alive: Callable[[int, int], bool] = process_alive,
     ) -> None:
         self.last_ns = start_ns
         self.grace_ns = int(grace_s * NS)
         self.alive = alive
         self.series: dict[tuple[int, str], _Series] = {}
         self.comms: dict[int, str] = {}
+        self.starts: dict[int, int] = {}  # the process each PID's series belong to
         self.dead_since: dict[int, int] = {}
-        self.retired: dict[int, PidSummary] = {}
+        self.retired: dict[Process, PidSummary] = {}
         self.retired_forgotten = 0
         self.latest: dict[int, PidSummary] = {}
-        self.other_dead: dict[int, int] = {}  # gone() over another per-PID map
+        self.other_dead: dict[Process, int] = {}  # gone() over another per-process map
 
     def update(
         self, keys: np.ndarray[Any, Any], vals: np.ndarray[Any, Any], now_ns: int
@@ -184,19 +198,32 @@ class PidTable:
         """Take a snapshot (keys and per-CPU values of the aggregate map) made at
         `now_ns` (CLOCK_MONOTONIC). Returns the keys of retired processes, to delete
         from the kernel map."""
-        pids = summarize(keys, vals)
+        pids: dict[int, PidSummary] = {}
+        reused: list[PidSummary] = []  # processes whose PID a newer process took
+        for (pid, _), ps in summarize_processes(keys, vals).items():
+            if pid in pids:
+                reused.append(pids[pid])
+            pids[pid] = ps
         self.latest = pids
         prev_ns = self.last_ns
         for pid, ps in pids.items():
+            if self.starts.setdefault(pid, ps.start) != ps.start:
+                self._forget(pid)  # another process now: its own series from zero
+                self.starts[pid] = ps.start
             self.comms[pid] = ps.comm or self.comms.get(pid, "")
             for op in OPS:
                 self._observe(pid, op, ps, now_ns, prev_ns)
         self.last_ns = now_ns
-        for pid, op in [k for k in self.series if k[0] not in pids]:
-            del self.series[(pid, op)]  # gone from the kernel map (evicted or deleted)
-            self.comms.pop(pid, None)
-            self.dead_since.pop(pid, None)
-        return self._retire(keys, pids, now_ns)
+        for pid in [p for p in self.starts if p not in pids]:
+            self._forget(pid)  # gone from the kernel map (evicted or deleted)
+        return self._retire(keys, pids, reused, now_ns)
+
+    def _forget(self, pid: int) -> None:
+        for op in OPS:
+            self.series.pop((pid, op), None)
+        self.comms.pop(pid, None)
+        self.starts.pop(pid, None)
+        self.dead_since.pop(pid, None)
 
     def _observe(self, pid: int, op: str, ps: PidSummary, now: int, prev: int) -> None:
         t = ps.total(op)
@@ -225,42 +252,45 @@ class PidTable:
             v.span_s[w] = span
 
     def _retire(
-        self, keys: np.ndarray[Any, Any], pids: dict[int, PidSummary], now: int
+        self,
+        keys: np.ndarray[Any, Any],
+        pids: dict[int, PidSummary],
+        reused: list[PidSummary],
+        now: int,
     ) -> np.ndarray[Any, Any]:
-        gone = []
-        for pid in pids:
-            if self.alive(pid):
+        gone = list(reused)
+        for pid, ps in pids.items():
+            if self.alive(pid, ps.start):
                 self.dead_since.pop(pid, None)
                 continue
             since = self.dead_since.setdefault(pid, now)
             if now - since >= self.grace_ns:
-                gone.append(pid)
-        for pid in gone:
-            self.dead_since.pop(pid, None)
-            self.comms.pop(pid, None)
-            for op in OPS:
-                self.series.pop((pid, op), None)
-            self.retired[pid] = pids[pid]
+                gone.append(ps)
+                self._forget(pid)
+        for ps in gone:
+            self.retired[(ps.pid, ps.start)] = ps
             if len(self.retired) > RETIRED_MAX:
                 del self.retired[next(iter(self.retired))]
                 self.retired_forgotten += 1
         if not gone or not len(keys):
             return keys[:0]
-        out: np.ndarray[Any, Any] = keys[np.isin(keys["pid"], gone)]
+        ids = np.array([(ps.pid << 32) | ps.start for ps in gone], np.uint64)
+        out: np.ndarray[Any, Any] = keys[np.isin(process_ids(keys), ids)]
         return out
 
-    def gone(self, pids: Iterable[int], now_ns: int) -> list[int]:
-        """Of the PIDs of another per-PID map (block requests), those to retire now:
-        seen exited for the grace period, the same rule as the table's own."""
+    def gone(self, procs: Iterable[Process], now_ns: int) -> list[Process]:
+        """Of the processes of another per-process map (block requests), those to
+        retire now: seen exited for the grace period, the same rule as the table's own
+        (a process whose PID was reused has exited)."""
         out, present = [], set()
-        for pid in pids:
-            present.add(pid)
-            if self.alive(pid):
-                self.other_dead.pop(pid, None)
-            elif now_ns - self.other_dead.setdefault(pid, now_ns) >= self.grace_ns:
-                out.append(pid)
-        for pid in [p for p in self.other_dead if p not in present or p in out]:
-            del self.other_dead[pid]
+        for proc in procs:
+            present.add(proc)
+            if self.alive(*proc):
+                self.other_dead.pop(proc, None)
+            elif now_ns - self.other_dead.setdefault(proc, now_ns) >= self.grace_ns:
+                out.append(proc)
+        for proc in [p for p in self.other_dead if p not in present or p in out]:
+            del self.other_dead[proc]
         return out
 
     def rows(self, max_pids: int | None = None, window: int = 60) -> list[Row]:
@@ -306,9 +336,10 @@ class PidTable:
             }
         return out
 
-    def summaries(self) -> dict[int, PidSummary]:
-        """Every process seen: the latest snapshot and the retired."""
-        return dict(sorted({**self.retired, **self.latest}.items()))
+    def summaries(self) -> list[PidSummary]:
+        """Every process seen, by PID and start: the latest snapshot and the retired."""
+        procs = {**self.retired, **{(ps.pid, ps.start): ps for ps in self.latest.values()}}
+        return [procs[k] for k in sorted(procs)]
 
 
 def delete_keys(stats_map: Any, keys: Iterable[Any]) -> int:
