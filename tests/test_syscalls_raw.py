@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import struct
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,7 +20,12 @@ from ringfake import DISCARD, FakeRing
 from meridian.bpf.ringbuf import RingBuffer
 from meridian.errors import UsageError
 from meridian.syscalls.raw import decode_frames, dtype_from_json, dtype_to_json, frames
-from meridian.syscalls.recording import Recorder, is_jsonl_name, read_events
+from meridian.syscalls.recording import (
+    Recorder,
+    SpooledJsonRecorder,
+    is_jsonl_name,
+    read_events,
+)
 from meridian.tools.syscalls import Backlog, Options
 
 # struct syscalls_event of bpf/syscalls.h, as BTF gives it (112 bytes)
@@ -159,6 +165,46 @@ def test_raw_record_then_replay(tmp_path: Path, suffix: str) -> None:
     assert back == decode_frames(frames(buf), DTYPE, 5)
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.zst"])
+def test_json_lines_are_spooled_raw_then_written(tmp_path: Path, suffix: str) -> None:
+    """A live JSON lines recording keeps raw records beside it while capturing and
+    writes them as JSON lines at the end: the same events as decoding live."""
+    if suffix.endswith(".zst") and shutil.which("zstd") is None:
+        pytest.skip("no zstd program")
+    path = tmp_path / f"r{suffix}"
+    buf = b"".join(frame(r) for r in trace())
+    rec = SpooledJsonRecorder(path, ["syscalls"], DTYPE, 5)
+    spool = tmp_path / f"r{suffix}.part.rec"
+    rec.write_raw(buf, 6)
+    assert spool.exists() and not path.exists()
+    rec.close()
+    assert not spool.exists()
+    data = path.read_bytes()
+    if suffix.endswith(".zst"):
+        data = subprocess.run(["zstd", "-dc", str(path)], capture_output=True, check=True).stdout
+    assert data.startswith(b'{"format":"meridian-syscalls","version":1,')
+    assert list(read_events(path)) == decode_frames(frames(buf), DTYPE, 5)
+    rec.close()  # closing again does nothing
+
+
+def test_interrupted_json_writing_keeps_the_raw_spool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "r.jsonl"
+    rec = SpooledJsonRecorder(path, None, DTYPE)
+    rec.write_raw(b"".join(frame(r) for r in trace()), 6)
+
+    def interrupted(self: Recorder, sc: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Recorder, "write", interrupted)
+    with pytest.raises(UsageError, match=r"every event is in the raw recording .*r.jsonl.part.rec"):
+        rec.close()
+    assert not path.exists()
+    monkeypatch.undo()
+    assert len(list(read_events(tmp_path / "r.jsonl.part.rec"))) == 6
+
+
 def test_damaged_raw_recordings_name_the_record(tmp_path: Path) -> None:
     path = tmp_path / "r.rec"
     buf = b"".join(frame(r) for r in trace())
@@ -201,7 +247,7 @@ def test_backlog_skips_the_oldest_past_its_limit_and_counts_them() -> None:
     chunks = [b"".join(frame(r) for r in trace()[i : i + 2]) for i in (0, 2, 4)]
     b = Backlog(limit=len(chunks[0]) + len(chunks[1]))
     for c in chunks:
-        b.push(c)
+        b.push(c, 2)
     assert b.skipped == 2  # the first chunk went past the limit
     got = []
     while b:

@@ -59,6 +59,7 @@ class RingBuffer:
         # One aligned 8-byte load or store each (see the module docstring).
         self._cons_pos = memoryview(self._cons)[:8].cast("Q")
         self._prod_pos = memoryview(self._data)[:8].cast("Q")
+        self._words = memoryview(self._data).cast("I")
         self._framed = np.dtype(
             {
                 "names": ["len", "rec"],
@@ -163,18 +164,19 @@ class RingBuffer:
         prod = self._producer()
         if prod - cons > self.size:  # cannot happen: the kernel never overruns us
             prod = cons + self.size
-        data, unpack, page, mask = self._data, struct.unpack_from, self.page, self.mask
+        # Headers read as u32 words (the hot loop at a million records a second).
+        words, page, mask, length = self._words, self.page, self.mask, ~(BUSY | DISCARD)
         pos, n = cons, 0
         while pos < prod:
-            (hdr,) = unpack("<I", data, page + (pos & mask))
+            hdr = words[(page + (pos & mask)) >> 2]
             if hdr & BUSY:
                 break
-            pos += (HDR_SIZE + (hdr & ~DISCARD) + 7) & ~7
+            pos += ((hdr & length) + HDR_SIZE + 7) & ~7
             n += 1
         if pos == cons:
             return b"", 0
         start = page + (cons & mask)
-        out = data[start : start + pos - cons]
+        out = self._data[start : start + pos - cons]
         self._advance(pos)
         return out, n
 
@@ -196,6 +198,7 @@ class RingBuffer:
         os.close(self._wake)
         self._cons_pos.release()
         self._prod_pos.release()
+        self._words.release()
         self._cons.close()
         self._data.close()
 

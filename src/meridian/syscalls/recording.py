@@ -3,9 +3,10 @@ the format and its version; a name ending in .zst is compressed with the zstd pr
 (a separate process, so compression runs beside the capture). Two encodings:
 
 - version 1, JSON lines (files named *.jsonl or *.json): every event as one JSON
-  object per line (decoded Syscall fields). Readable by anything; costs a decode and
-  an encode per event while capturing, so it keeps up with tens of thousands of
-  events per second, not hundreds of thousands.
+  object per line (decoded Syscall fields). Readable by anything. Decoding and
+  encoding keep up with about 100,000 events per second, so a live capture spools the
+  raw records to a file beside it (`SpooledJsonRecorder`) and writes the JSON lines
+  when it ends: nothing is lost to a slow encoder.
 - version 2, raw (any other name): after the header line (which holds the record
   layout from BTF and the offset from CLOCK_MONOTONIC to wall time), the kernel's
   ring buffer records unchanged, in the chunks the reader drained (see `raw.py`).
@@ -32,7 +33,15 @@ from ..output import dumps, iso_now
 from .raw import decode_frames, dtype_from_json, dtype_to_json, frames
 from .record import Syscall
 
-__all__ = ["FORMAT", "RAW_VERSION", "VERSION", "Recorder", "is_jsonl_name", "read_events"]
+__all__ = [
+    "FORMAT",
+    "RAW_VERSION",
+    "VERSION",
+    "Recorder",
+    "SpooledJsonRecorder",
+    "is_jsonl_name",
+    "read_events",
+]
 
 FORMAT = "meridian-syscalls"
 VERSION = 1  # JSON lines
@@ -115,8 +124,10 @@ class Recorder:
         tool_args: list[str] | None = None,
         raw_dtype: np.dtype[Any] | None = None,
         wall_offset_ns: int = 0,
+        created: str | None = None,
     ) -> None:
         self.path = Path(path)
+        self.created = created or iso_now()
         self.raw = raw_dtype is not None
         self._proc: subprocess.Popen[bytes] | None = None
         self._file: IO[bytes] | None = None
@@ -132,7 +143,7 @@ class Recorder:
         header: dict[str, Any] = {
             "format": FORMAT,
             "version": RAW_VERSION if raw_dtype is not None else VERSION,
-            "created": iso_now(),
+            "created": self.created,
         }
         if raw_dtype is not None:
             header["encoding"] = "ring buffer records: u32 len, u32 pad, record, 8-aligned"
@@ -172,6 +183,45 @@ class Recorder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class SpooledJsonRecorder(Recorder):
+    """A JSON lines recording of a live capture: raw records go to `<path>.part.rec`
+    as fast as the kernel makes them, and `close()` writes them as JSON lines to
+    `path`, then removes the spool. Interrupted while writing, it keeps the spool (a
+    complete raw recording) and says so."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        tool_args: list[str] | None,
+        raw_dtype: np.dtype[Any],
+        wall_offset_ns: int = 0,
+    ) -> None:
+        self.final = Path(path)
+        self.tool_args = tool_args
+        super().__init__(Path(f"{path}.part.rec"), tool_args, raw_dtype, wall_offset_ns)
+        self._closed = False
+
+    def close(self, note: IO[str] | None = None) -> None:
+        """Write the JSON lines (telling `note` first when there are many)."""
+        if self._closed:
+            return
+        self._closed = True
+        super().close()
+        if note is not None and self.count >= 200_000:
+            print(f"meridian syscalls: writing {self.count} events to {self.final}...", file=note)
+        try:
+            with Recorder(self.final, self.tool_args, created=self.created) as out:
+                for sc in read_events(self.path):
+                    out.write(sc)
+        except KeyboardInterrupt:
+            self.final.unlink(missing_ok=True)
+            raise UsageError(
+                f"interrupted while writing {self.final}: every event is in the raw "
+                f"recording {self.path} (replay it with -r)"
+            ) from None
+        self.path.unlink()
 
 
 def _open(path: Path) -> tuple[IO[bytes], Callable[[bool], None]]:

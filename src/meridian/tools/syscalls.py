@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -38,8 +39,8 @@ from ..syscalls.filters import (
 from ..syscalls.fmt import compact_line, full_line, to_json
 from ..syscalls.log import Source
 from ..syscalls.numbers import FILE_SYSCALLS, NUMBERS, resolve_names
-from ..syscalls.raw import Frames, decode_frames, frames
-from ..syscalls.recording import Recorder, is_jsonl_name, read_events
+from ..syscalls.raw import decode_frames, frames
+from ..syscalls.recording import Recorder, SpooledJsonRecorder, is_jsonl_name, read_events
 from ..syscalls.signatures import fd_position, string_positions
 
 __all__ = ["STRATEGIES", "Capture", "Options", "add_parser", "run"]
@@ -192,9 +193,11 @@ class Capture(Session):
         return self.decode(self.poll_raw(timeout)[0])
 
     def recorder(self, path: str, tool_args: list[str], raw: bool) -> Recorder:
+        """Raw records either way: kept as they are, or spooled and written as JSON
+        lines at the end, so a recording keeps up with the kernel."""
         if raw:
             return Recorder(path, tool_args, raw_dtype=self.dtype, wall_offset_ns=self.offset_ns)
-        return Recorder(path, tool_args)
+        return SpooledJsonRecorder(path, tool_args, self.dtype, self.offset_ns)
 
     def counters(self) -> dict[str, int]:
         assert self.obj is not None
@@ -351,41 +354,41 @@ class Pipeline:
 
 
 class Backlog:
-    """Raw records the view has not shown yet, when recording raw: the view takes them
-    a slice at a time between drains, so a slow view never holds up the drain (and
-    the kernel never drops for it). Past `limit` bytes the oldest chunks are skipped
-    by the view and counted; they are in the recording."""
+    """Raw records the view has not shown yet, when recording: the view takes them a
+    slice at a time between drains, so a slow view never holds up the drain (and the
+    kernel never drops for it). A chunk is kept as drained and its frames are walked
+    only as the view takes records, so pushing costs nothing. Past `limit` bytes the
+    oldest chunks are skipped by the view and counted; they are in the recording."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._chunks: collections.deque[list[Any]] = collections.deque()  # [Frames, next]
+        # [bytes, next record's byte offset, records not taken yet]
+        self._chunks: collections.deque[list[Any]] = collections.deque()
         self.bytes = 0
         self.skipped = 0
 
     def __bool__(self) -> bool:
         return bool(self._chunks)
 
-    def push(self, chunk: bytes) -> None:
+    def push(self, chunk: bytes, records: int) -> None:
         if not chunk:
             return
-        self._chunks.append([frames(chunk), 0])
+        self._chunks.append([chunk, 0, records])
         self.bytes += len(chunk)
         while self.bytes > self.limit and len(self._chunks) > 1:
-            fr, at = self._chunks.popleft()
-            self.bytes -= len(fr.buf)
-            self.skipped += len(fr) - at
+            buf, _, left = self._chunks.popleft()
+            self.bytes -= len(buf)
+            self.skipped += left
 
     def take(self, cap: Capture, n: int) -> list[Syscall]:
         """Up to `n` of the oldest records, decoded."""
-        fr: Frames
-        fr, at = self._chunks[0]
-        out = decode_frames(fr, cap.dtype, cap.offset_ns, at, at + n)
-        if at + n >= len(fr):
+        c = self._chunks[0]
+        fr = frames(c[0], c[1], n)
+        c[1], c[2] = fr.used, max(0, c[2] - len(fr))
+        if len(fr) < n or fr.used >= len(c[0]):
             self._chunks.popleft()
-            self.bytes -= len(fr.buf)
-        else:
-            self._chunks[0][1] = at + n
-        return out
+            self.bytes -= len(c[0])
+        return decode_frames(fr, cap.dtype, cap.offset_ns)
 
 
 def _summary(
@@ -396,8 +399,11 @@ def _summary(
     recorder: Recorder | None = None,
 ) -> None:
     parts = [f"{p.events} events", f"{p.unmatched_ends} ends without start"]
-    if recorder is not None and recorder.raw:
-        parts.insert(0, f"{recorder.count} events recorded ({recorder.bytes} bytes)")
+    if recorder is not None:
+        size = recorder.bytes
+        if isinstance(recorder, SpooledJsonRecorder) and recorder.final.exists():
+            size = recorder.final.stat().st_size
+        parts.insert(0, f"{recorder.count} events recorded ({size} bytes)")
         if p.opts.quiet:
             parts[1:3] = []  # nothing went through the view
     if counters is not None:
@@ -455,7 +461,7 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
             if recorder is not None and recorder.raw:
                 recorder.write_raw(chunk, n)
                 if backlog is not None:
-                    backlog.push(chunk)
+                    backlog.push(chunk, n)
                 return
             for sc in cap.decode(chunk):
                 if recorder is not None:
@@ -468,16 +474,15 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
                 return
             until = None if seconds is None else time.monotonic() + seconds
             while backlog and (until is None or time.monotonic() < until):
-                for sc in backlog.take(cap, 1024):
+                for sc in backlog.take(cap, 256):
                     p.add(sc)
                 p.flush()
                 p.trim()
 
         try:
             if opts.write:
-                raw = opts.raw_recording()
-                recorder = cap.recorder(opts.write, sys.argv[1:], raw)
-                if raw and not opts.quiet:
+                recorder = cap.recorder(opts.write, sys.argv[1:], opts.raw_recording())
+                if not opts.quiet:
                     backlog = Backlog(BACKLOG_BYTES)
             if opts.command:
                 launcher = Launcher(opts.command)
@@ -501,6 +506,8 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
                 take(0)
             show(None)
             p.finish()
+            if isinstance(recorder, SpooledJsonRecorder):
+                recorder.close(err)
             _summary(p, cap.counters(), err, backlog, recorder)
             if launcher is not None:
                 code = launcher.poll() or 0
@@ -530,7 +537,7 @@ EXAMPLES = """examples:
   meridian syscalls --full               # the full log: starts and ends with indices
   meridian syscalls --json -- make       # one JSON object per call, pairing indices
   meridian syscalls -w trace.jsonl.zst -- make   # record JSON lines (zstd) while printing
-  meridian syscalls -w trace.rec.zst -q  # record raw kernel records only (lossless, fast)
+  meridian syscalls -w trace.rec.zst -q  # record raw kernel records only (no view)
   meridian syscalls -r trace.jsonl.zst --failed  # replay a recording, filtered
 """
 
@@ -559,13 +566,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         dest="write",
         metavar="FILE",
         help="record every event: raw kernel records, or JSON lines when FILE ends in "
-        ".jsonl/.json (.zst: zstd-compressed)",
+        ".jsonl/.json, written from a raw spool (FILE.part.rec) when capture ends "
+        "(.zst: zstd-compressed)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="with -w: record only, show nothing")
     p.add_argument(
         "--record-format",
         choices=("raw", "jsonl"),
-        help="-w format regardless of the name: raw (lossless at high rates) or jsonl",
+        help="-w format regardless of the name: raw or jsonl (both lossless; jsonl takes "
+        "about 15 s per million events to write at the end)",
     )
     p.add_argument("-r", dest="read", metavar="FILE", help="replay a recording")
     p.add_argument("--filter", dest="text", metavar="TEXT", help="text in any field")
@@ -687,24 +696,50 @@ def _tui_module() -> Any:
 
 
 class _CaptureFeed:
-    """The live capture as the TUI's feed (recording every event when -w)."""
+    """The live capture as the TUI's feed. With -w a thread drains the ring into the
+    recording and a backlog, and the screen takes from the backlog a slice of time per
+    poll: the screen's pace never makes the kernel drop what the recording needs."""
 
     def __init__(self, cap: Capture, recorder: Recorder | None) -> None:
         self.cap = cap
         self.recorder = recorder
+        self.backlog = Backlog(BACKLOG_BYTES)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if recorder is not None:
+            self._thread = threading.Thread(target=self._drain, name="drain", daemon=True)
+            self._thread.start()
+
+    def _drain(self) -> None:
+        assert self.recorder is not None
+        while not self._stop.is_set():
+            chunk, n = self.cap.poll_raw(0.02)
+            self.recorder.write_raw(chunk, n)
+            with self._lock:
+                self.backlog.push(chunk, n)
+
+    def stop(self) -> None:
+        """End the drain thread (before the recording is closed)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
 
     def poll(self) -> list[Syscall]:
-        chunk, n = self.cap.poll_raw(0)
-        if self.recorder is not None and self.recorder.raw:
-            self.recorder.write_raw(chunk, n)
-        new = self.cap.decode(chunk)
-        if self.recorder is not None and not self.recorder.raw:
-            for sc in new:
-                self.recorder.write(sc)
-        return new
+        if self._thread is None:
+            return self.cap.decode(self.cap.poll_raw(0)[0])
+        out: list[Syscall] = []
+        until = time.monotonic() + VIEW_SLICE
+        with self._lock:
+            while self.backlog and time.monotonic() < until:
+                out += self.backlog.take(self.cap, 256)
+        return out
 
     def counters(self) -> dict[str, int]:
-        return self.cap.counters()
+        out = self.cap.counters()
+        if self._thread is not None:
+            out["not_shown"] = self.backlog.skipped
+        return out
 
 
 def read_until_damage(path: str) -> tuple[list[Syscall], UsageError | None]:
@@ -733,6 +768,7 @@ def run_tui(opts: Options) -> int:
         return 0
     launcher: Launcher | None = None
     recorder: Recorder | None = None
+    feed: _CaptureFeed | None = None
     with Capture(opts) as cap:
         try:
             if opts.write:
@@ -741,17 +777,18 @@ def run_tui(opts: Options) -> int:
                 launcher = Launcher(opts.command)
                 cap.add_pid(launcher.pid)
                 launcher.go()
+            feed = _CaptureFeed(cap, recorder)
             tui.SyscallsApp(
-                _CaptureFeed(cap, recorder),
-                live=True,
-                flt=flt,
-                max_rows=opts.max_rows,
-                spill=opts.write,
+                feed, live=True, flt=flt, max_rows=opts.max_rows, spill=opts.write
             ).run()
         finally:
+            if feed is not None:
+                feed.stop()
             if launcher is not None:
                 launcher.kill()
-            if recorder is not None:
+            if isinstance(recorder, SpooledJsonRecorder):
+                recorder.close(sys.stderr)
+            elif recorder is not None:
                 recorder.close()
     return 0
 

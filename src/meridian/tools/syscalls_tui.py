@@ -430,6 +430,8 @@ class SyscallsApp(App[None]):
             f"{len(self.source) - self.source.first} rows"
             f" | {self.events} events | {self.rate:.0f}/s | lost {c.get('lost', 0)}"
         )
+        if c.get("not_shown"):
+            status += f" | {c['not_shown']} not shown (screen too slow; in {self.spill})"
         if self.dropped:
             where = f"in {self.spill}" if self.spill else "not recorded: use -w"
             status += f" | {self.dropped} older events dropped from memory ({where})"
