@@ -221,7 +221,8 @@ def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:
         recorder = cap.recorder(str(rec), [], raw=True)
         try:
             cap.add_pid(launcher.pid)
-            app = SyscallsApp(_CaptureFeed(cap, recorder), live=True, spill=str(rec))
+            feed = _CaptureFeed(cap, recorder)  # a thread drains the ring into the recording
+            app = SyscallsApp(feed, live=True, spill=str(rec))
 
             async def main() -> None:
                 async with app.run_test(size=(160, 30)) as pilot:
@@ -241,6 +242,7 @@ def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:
             asyncio.run(main())
             assert launcher.poll() == 0
         finally:
+            feed.stop()
             launcher.kill()
             recorder.close()
     # the raw recording the TUI made holds every event it showed

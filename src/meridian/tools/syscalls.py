@@ -713,7 +713,7 @@ class _CaptureFeed:
 
     def _drain(self) -> None:
         assert self.recorder is not None
-        while not self._stop.is_set():
+        while not self._stop.is_set() and self.cap.ring is not None and not self.cap.ring.closed:
             chunk, n = self.cap.poll_raw(0.02)
             self.recorder.write_raw(chunk, n)
             with self._lock:
