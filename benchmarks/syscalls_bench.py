@@ -1,6 +1,7 @@
 """syscalls overhead: iterations/s of a C loop of openat + fstat (newfstatat) + close
 on one file, untraced, under `meridian syscalls -w FILE.jsonl -- loop` (every call
-decoded, recorded as JSON lines and printed to /dev/null), under `meridian syscalls
+recorded, spooled raw and written as JSON lines when the loop ends; printed to
+/dev/null as far as the view keeps up), under `meridian syscalls
 -q -w FILE.raw -- loop` (every record streamed raw to a file, nothing decoded), under
 `strace -f -e trace=openat,newfstatat,close -o /dev/null`, under bpftrace
 printing the same calls (enter and exit), and with meridian's programs attached but
@@ -108,7 +109,7 @@ def main() -> int:
             for r in range(rounds):
                 u1, _ = run_loop(base)
                 m, err = run_loop([*MERIDIAN, "-w", str(rec), "--", *base])
-                found = re.search(r"(\d+ events, .*)", err)
+                found = re.search(r"(\d+ events recorded.*)", err)
                 lost.append(found.group(1) if found else err.strip())
                 mr, err = run_loop([*MERIDIAN, "-q", "-w", str(raw), "--", *base])
                 found = re.search(r"(\d+ events recorded.*)", err)

@@ -455,17 +455,15 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
             print(f"strategy: {cap.strategy.name}", file=err)
 
         def take(timeout: float) -> None:
-            """Drain the ring: to the recording and the view's backlog (raw), or
-            decoded, recorded and shown at once (JSON lines or no recording)."""
+            """Drain the ring: to the recording and the view's backlog, or decoded
+            and shown at once when nothing is recorded."""
             chunk, n = cap.poll_raw(timeout)
-            if recorder is not None and recorder.raw:
+            if recorder is not None:
                 recorder.write_raw(chunk, n)
                 if backlog is not None:
                     backlog.push(chunk, n)
                 return
             for sc in cap.decode(chunk):
-                if recorder is not None:
-                    recorder.write(sc)
                 p.add(sc)
 
         def show(seconds: float | None) -> None:
@@ -707,17 +705,22 @@ class _CaptureFeed:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None  # the drain's, raised in poll()
         if recorder is not None:
             self._thread = threading.Thread(target=self._drain, name="drain", daemon=True)
             self._thread.start()
 
     def _drain(self) -> None:
-        assert self.recorder is not None
-        while not self._stop.is_set() and self.cap.ring is not None and not self.cap.ring.closed:
-            chunk, n = self.cap.poll_raw(0.02)
-            self.recorder.write_raw(chunk, n)
-            with self._lock:
-                self.backlog.push(chunk, n)
+        assert self.recorder is not None and self.cap.ring is not None
+        ring = self.cap.ring
+        try:
+            while not self._stop.is_set() and not ring.closed:
+                chunk, n = self.cap.poll_raw(0.02)
+                self.recorder.write_raw(chunk, n)
+                with self._lock:
+                    self.backlog.push(chunk, n)
+        except BaseException as exc:  # e.g. the disk is full: not silent
+            self._error = exc
 
     def stop(self) -> None:
         """End the drain thread (before the recording is closed)."""
@@ -728,6 +731,8 @@ class _CaptureFeed:
     def poll(self) -> list[Syscall]:
         if self._thread is None:
             return self.cap.decode(self.cap.poll_raw(0)[0])
+        if self._error is not None:
+            raise self._error
         out: list[Syscall] = []
         until = time.monotonic() + VIEW_SLICE
         with self._lock:
