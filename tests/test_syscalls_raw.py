@@ -167,16 +167,19 @@ def test_raw_record_then_replay(tmp_path: Path, suffix: str) -> None:
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.zst"])
 def test_json_lines_are_spooled_raw_then_written(tmp_path: Path, suffix: str) -> None:
-    """A live JSON lines recording keeps raw records beside it while capturing and
-    writes them as JSON lines at the end: the same events as decoding live."""
+    """A live JSON lines recording keeps raw records beside it while capturing, writes
+    them as JSON lines when there is time (convert) and the rest at the end: the same
+    events as decoding live."""
     if suffix.endswith(".zst") and shutil.which("zstd") is None:
         pytest.skip("no zstd program")
     path = tmp_path / f"r{suffix}"
     buf = b"".join(frame(r) for r in trace())
     rec = SpooledJsonRecorder(path, ["syscalls"], DTYPE, 5)
     spool = tmp_path / f"r{suffix}.part.rec"
-    rec.write_raw(buf, 6)
-    assert spool.exists() and not path.exists()
+    rec.write_raw(buf[:200], 1)
+    rec.convert(1.0)
+    assert rec.converted == 1 and spool.exists()
+    rec.write_raw(buf[200:], 5)
     rec.close()
     assert not spool.exists()
     data = path.read_bytes()

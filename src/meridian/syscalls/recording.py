@@ -4,9 +4,9 @@ the format and its version; a name ending in .zst is compressed with the zstd pr
 
 - version 1, JSON lines (files named *.jsonl or *.json): every event as one JSON
   object per line (decoded Syscall fields). Readable by anything. Decoding and
-  encoding keep up with about 100,000 events per second, so a live capture spools the
-  raw records to a file beside it (`SpooledJsonRecorder`) and writes the JSON lines
-  when it ends: nothing is lost to a slow encoder.
+  encoding run at about 65,000 events per second, so a live capture spools the raw
+  records to a file beside it (`SpooledJsonRecorder`) and writes the JSON lines while
+  it has time to spare, the rest when it ends: nothing is lost to a slow encoder.
 - version 2, raw (any other name): after the header line (which holds the record
   layout from BTF and the offset from CLOCK_MONOTONIC to wall time), the kernel's
   ring buffer records unchanged, in the chunks the reader drained (see `raw.py`).
@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -48,6 +49,7 @@ VERSION = 1  # JSON lines
 RAW_VERSION = 2  # raw kernel records
 _BLOCK = 4 << 20  # raw replay reads this much at a time
 _HEADER_MAX = 1 << 20
+_SLICE = 256 << 10  # spooled bytes read at a time for JSON lines
 
 _FIELDS = {
     "i": "index",
@@ -187,9 +189,10 @@ class Recorder:
 
 class SpooledJsonRecorder(Recorder):
     """A JSON lines recording of a live capture: raw records go to `<path>.part.rec`
-    as fast as the kernel makes them, and `close()` writes them as JSON lines to
-    `path`, then removes the spool. Interrupted while writing, it keeps the spool (a
-    complete raw recording) and says so."""
+    as fast as the kernel makes them, and are written as JSON lines to `path` while
+    the capture has time to spare (`convert`) and the rest at `close()`, which removes
+    the spool. Interrupted while writing at the end, it keeps the spool (a complete raw
+    recording) and says so."""
 
     def __init__(
         self,
@@ -198,29 +201,60 @@ class SpooledJsonRecorder(Recorder):
         raw_dtype: np.dtype[Any],
         wall_offset_ns: int = 0,
     ) -> None:
-        self.final = Path(path)
-        self.tool_args = tool_args
         super().__init__(Path(f"{path}.part.rec"), tool_args, raw_dtype, wall_offset_ns)
+        self.final = Path(path)
+        self.dtype, self.offset = raw_dtype, wall_offset_ns
+        self._json = Recorder(self.final, tool_args, created=self.created)
+        self._out.flush()
+        self._spool = open(self.path, "rb")  # noqa: SIM115 - closed in close()
+        self._spool.readline()  # the header
+        self._pending = b""
+        self.converted = 0
         self._closed = False
 
+    def convert(self, seconds: float) -> None:
+        """Write spooled records as JSON lines for about `seconds`. Not to be
+        interrupted part way (a batch would be written twice): see `close`."""
+        if not self._out.closed:
+            self._out.flush()
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            block = self._spool.read(_SLICE) if len(self._pending) < _SLICE else b""
+            buf = self._pending + block
+            fr = frames(buf, 0, 1024)
+            if not len(fr):
+                self._pending = buf
+                return
+            for sc in decode_frames(fr, self.dtype, self.offset):
+                self._json.write(sc)
+            self.converted += len(fr)
+            self._pending = buf[fr.used :]
+
     def close(self, note: IO[str] | None = None) -> None:
-        """Write the JSON lines (telling `note` first when there are many)."""
+        """Write the rest as JSON lines (telling `note` first when there are many)."""
         if self._closed:
             return
         self._closed = True
         super().close()
-        if note is not None and self.count >= 200_000:
-            print(f"meridian syscalls: writing {self.count} events to {self.final}...", file=note)
+        left = self.count - self.converted
+        if note is not None and left >= 200_000:
+            print(f"meridian syscalls: writing {left} more events to {self.final}...", file=note)
         try:
-            with Recorder(self.final, self.tool_args, created=self.created) as out:
-                for sc in read_events(self.path):
-                    out.write(sc)
+            while self.converted < self.count:
+                before = self.converted
+                self.convert(1.0)
+                if self.converted == before:
+                    break
         except KeyboardInterrupt:
+            self._json.close()
+            self._spool.close()
             self.final.unlink(missing_ok=True)
             raise UsageError(
                 f"interrupted while writing {self.final}: every event is in the raw "
                 f"recording {self.path} (replay it with -r)"
             ) from None
+        self._json.close()
+        self._spool.close()
         self.path.unlink()
 
 

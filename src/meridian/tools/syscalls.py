@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -442,6 +442,17 @@ def replay(opts: Options, out: TextIO, err: TextIO) -> int:
 
 VIEW_SLICE = 0.02  # seconds the view may take between two drains (raw recording)
 BACKLOG_BYTES = 16 << 20  # raw records waiting for the view, at most
+CALM = 1 << 20  # a drain smaller than this: time to spare for writing JSON lines
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait until the block ends (then interrupt as usual)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def capture(opts: Options, out: TextIO, err: TextIO) -> int:
@@ -454,17 +465,18 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
         if opts.verbose:
             print(f"strategy: {cap.strategy.name}", file=err)
 
-        def take(timeout: float) -> None:
+        def take(timeout: float) -> int:
             """Drain the ring: to the recording and the view's backlog, or decoded
-            and shown at once when nothing is recorded."""
+            and shown at once when nothing is recorded. Returns the bytes drained."""
             chunk, n = cap.poll_raw(timeout)
             if recorder is not None:
                 recorder.write_raw(chunk, n)
                 if backlog is not None:
                     backlog.push(chunk, n)
-                return
+                return len(chunk)
             for sc in cap.decode(chunk):
                 p.add(sc)
+            return len(chunk)
 
         def show(seconds: float | None) -> None:
             """Let the view work through the backlog for a while (None: all of it)."""
@@ -494,10 +506,13 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
                     done = launcher is not None and launcher.poll() is not None
                     if opts.pids and not any(os.path.exists(f"/proc/{pid}") for pid in opts.pids):
                         done = True  # every process asked for has exited (as strace -p)
-                    take(0 if done or backlog else 0.05)
+                    drained = take(0 if done or backlog else 0.05)
                     show(VIEW_SLICE)
                     p.flush()
                     p.trim()
+                    if isinstance(recorder, SpooledJsonRecorder) and drained < CALM and not backlog:
+                        with _signals_held():  # time to spare: JSON lines from the spool
+                            recorder.convert(VIEW_SLICE)
                     if done or (end is not None and time.monotonic() >= end):
                         break
             except KeyboardInterrupt:
@@ -564,15 +579,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         dest="write",
         metavar="FILE",
         help="record every event: raw kernel records, or JSON lines when FILE ends in "
-        ".jsonl/.json, written from a raw spool (FILE.part.rec) when capture ends "
-        "(.zst: zstd-compressed)",
+        ".jsonl/.json, written from a raw spool (FILE.part.rec) (.zst: zstd-compressed)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="with -w: record only, show nothing")
     p.add_argument(
         "--record-format",
         choices=("raw", "jsonl"),
-        help="-w format regardless of the name: raw or jsonl (both lossless; jsonl takes "
-        "about 15 s per million events to write at the end)",
+        help="-w format regardless of the name: raw or jsonl (both lossless; jsonl is "
+        "written while capture has time to spare, the rest at the end, about 15 s per "
+        "million events)",
     )
     p.add_argument("-r", dest="read", metavar="FILE", help="replay a recording")
     p.add_argument("--filter", dest="text", metavar="TEXT", help="text in any field")
@@ -719,6 +734,8 @@ class _CaptureFeed:
                 self.recorder.write_raw(chunk, n)
                 with self._lock:
                     self.backlog.push(chunk, n)
+                if isinstance(self.recorder, SpooledJsonRecorder) and len(chunk) < CALM:
+                    self.recorder.convert(VIEW_SLICE)  # not the main thread: no signals
         except BaseException as exc:  # e.g. the disk is full: not silent
             self._error = exc
 
