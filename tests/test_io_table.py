@@ -180,3 +180,23 @@ def test_processes_evicted_from_the_map_leave_the_table() -> None:
     del m.cells[(2, 0, 1, 0)]
     table.update(*m.snapshot(), 2 * NS)
     assert [r.pid for r in table.rows()] == [1]
+
+
+def test_process_alive_checks_the_start_and_rechecks_it_only_now_and_then(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from meridian.tools import io_table
+
+    proc = tmp_path / "42"
+    proc.mkdir()
+    stat = "42 (a b) S" + " 0" * 18 + " {start} 0\n"  # field 22 is the start
+    (proc / "stat").write_text(stat.format(start=500))
+    alive = io_table.ProcessAlive(recheck_s=10, proc_root=str(tmp_path))
+    clock = [0]
+    monkeypatch.setattr(io_table.time, "monotonic_ns", lambda: clock[0])
+    assert alive(42, 500) and not alive(42, 499) and not alive(7, 500)
+    (proc / "stat").write_text(stat.format(start=900))  # PID 42 given to another process
+    clock[0] = 5 * NS
+    assert alive(42, 500)  # not re-read yet: the directory is there
+    clock[0] = 11 * NS
+    assert not alive(42, 500) and alive(42, 900)

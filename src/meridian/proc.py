@@ -81,10 +81,16 @@ def proc_start(pid: int, proc_root: str | Path = "/proc") -> int | None:
     """A process's start time in clock ticks since boot (/proc/PID/stat field 22), the
     value io's kernel keys carry (32 bits); None when there is no such process."""
     try:
-        stat = (Path(proc_root) / str(pid) / "stat").read_bytes()
+        fd = os.open(f"{proc_root}/{pid}/stat", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        stat = os.read(fd, 4096)
         return int(stat[stat.rindex(b")") + 2 :].split()[19]) & 0xFFFFFFFF
     except (OSError, ValueError, IndexError):
         return None
+    finally:
+        os.close(fd)
 
 
 def thread_slots(proc_root: str | Path = "/proc", cap: int = 1 << 18) -> int:
