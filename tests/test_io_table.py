@@ -193,7 +193,7 @@ def test_process_alive_checks_the_start_and_rechecks_it_only_now_and_then(
     (proc / "stat").write_text(stat.format(start=500))
     alive = io_table.ProcessAlive(recheck_s=10, proc_root=str(tmp_path))
     clock = [0]
-    monkeypatch.setattr(io_table.time, "monotonic_ns", lambda: clock[0])
+    monkeypatch.setattr("meridian.tools.io_table.time.monotonic_ns", lambda: clock[0])
     assert alive(42, 500) and not alive(42, 499) and not alive(7, 500)
     (proc / "stat").write_text(stat.format(start=900))  # PID 42 given to another process
     clock[0] = 5 * NS
