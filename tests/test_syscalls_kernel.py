@@ -219,9 +219,9 @@ def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:
     with Capture(Options(command=command)) as cap:
         launcher = Launcher(command)
         recorder = cap.recorder(str(rec), [], raw=True)
+        feed = _CaptureFeed(cap, recorder)  # a thread drains the ring into the recording
         try:
             cap.add_pid(launcher.pid)
-            feed = _CaptureFeed(cap, recorder)  # a thread drains the ring into the recording
             app = SyscallsApp(feed, live=True, spill=str(rec))
 
             async def main() -> None:
