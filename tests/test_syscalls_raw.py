@@ -190,6 +190,34 @@ def test_json_lines_are_spooled_raw_then_written(tmp_path: Path, suffix: str) ->
     rec.close()  # closing again does nothing
 
 
+def test_rows_a_view_decoded_are_written_once_and_in_order(tmp_path: Path) -> None:
+    """The view's rows go to the JSON lines when they are the next due; rows past a gap
+    (the view skipped some) are left to the spool, and nothing is written twice."""
+    cap: Any = SimpleNamespace(dtype=DTYPE, offset_ns=0)
+    path = tmp_path / "r.jsonl"
+    rec = SpooledJsonRecorder(path, None, DTYPE)
+    chunks = [b"".join(frame(r) for r in trace()[i : i + 2]) for i in (0, 2, 4)]
+    b = Backlog(limit=len(chunks[1]) + len(chunks[2]))
+    rec.write_raw(chunks[0], 2)
+    b.push(chunks[0], 2)
+    rows = b.take(cap, 1)
+    assert b.taken == (0, len(frame(trace()[0])))
+    assert rec.write_decoded(*b.taken, rows) and rec.converted == 1
+    for c in chunks[1:]:
+        rec.write_raw(c, 2)
+        b.push(c, 2)  # the rest of chunk 0 is skipped by the view
+    rows = b.take(cap, 2)
+    assert [sc.index for sc in rows] == [2, 3] and b.skipped == 1
+    assert not rec.write_decoded(*b.taken, rows)  # record 1 is due first
+    rec.convert(1.0)
+    assert rec.converted == 6
+    rows = b.take(cap, 2)
+    assert [sc.index for sc in rows] == [4, 5]
+    assert not rec.write_decoded(*b.taken, rows)  # written already, from the spool
+    rec.close()
+    assert [sc.index for sc in read_events(path)] == [0, 1, 2, 3, 4, 5]
+
+
 def test_interrupted_json_writing_keeps_the_raw_spool(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

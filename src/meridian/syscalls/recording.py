@@ -207,10 +207,28 @@ class SpooledJsonRecorder(Recorder):
         self._json = Recorder(self.final, tool_args, created=self.created)
         self._out.flush()
         self._spool = open(self.path, "rb")  # noqa: SIM115 - closed in close()
-        self._spool.readline()  # the header
-        self._pending = b""
+        self._header = len(self._spool.readline())
+        self._pending = b""  # read from the spool, not written yet
+        self._at = 0  # spool bytes (past the header) written as JSON lines
         self.converted = 0
         self._closed = False
+
+    def write_decoded(self, start: int, end: int, events: list[Syscall]) -> bool:
+        """The records of spool bytes `start`..`end`, decoded already (by a view):
+        written as they are when they are the next ones due, saving a second decode.
+        Returns whether they were (else `convert` will reach them in the spool)."""
+        if start != self._at or self._closed:
+            return False
+        for sc in events:
+            self._json.write(sc)
+        self.converted += len(events)
+        self._at = end
+        if len(self._pending) >= end - start:
+            self._pending = self._pending[end - start :]
+        else:
+            self._pending = b""
+            self._spool.seek(self._header + end)
+        return True
 
     def convert(self, seconds: float) -> None:
         """Write spooled records as JSON lines for about `seconds`. Not to be
@@ -228,6 +246,7 @@ class SpooledJsonRecorder(Recorder):
             for sc in decode_frames(fr, self.dtype, self.offset):
                 self._json.write(sc)
             self.converted += len(fr)
+            self._at += fr.used
             self._pending = buf[fr.used :]
 
     def close(self, note: IO[str] | None = None) -> None:

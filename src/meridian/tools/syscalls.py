@@ -362,10 +362,12 @@ class Backlog:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        # [bytes, next record's byte offset, records not taken yet]
+        # [bytes, next record's byte offset, records not taken yet, offset in the stream]
         self._chunks: collections.deque[list[Any]] = collections.deque()
         self.bytes = 0
         self.skipped = 0
+        self.pushed = 0  # bytes pushed so far: the stream offset of the next chunk
+        self.taken = (0, 0)  # stream bytes of the records the last take() returned
 
     def __bool__(self) -> bool:
         return bool(self._chunks)
@@ -373,10 +375,11 @@ class Backlog:
     def push(self, chunk: bytes, records: int) -> None:
         if not chunk:
             return
-        self._chunks.append([chunk, 0, records])
+        self._chunks.append([chunk, 0, records, self.pushed])
         self.bytes += len(chunk)
+        self.pushed += len(chunk)
         while self.bytes > self.limit and len(self._chunks) > 1:
-            buf, _, left = self._chunks.popleft()
+            buf, _, left, _ = self._chunks.popleft()
             self.bytes -= len(buf)
             self.skipped += left
 
@@ -384,6 +387,7 @@ class Backlog:
         """Up to `n` of the oldest records, decoded."""
         c = self._chunks[0]
         fr = frames(c[0], c[1], n)
+        self.taken = (c[3] + c[1], c[3] + fr.used)
         c[1], c[2] = fr.used, max(0, c[2] - len(fr))
         if len(fr) < n or fr.used >= len(c[0]):
             self._chunks.popleft()
@@ -484,7 +488,11 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
                 return
             until = None if seconds is None else time.monotonic() + seconds
             while backlog and (until is None or time.monotonic() < until):
-                for sc in backlog.take(cap, 256):
+                rows = backlog.take(cap, 256)
+                if isinstance(recorder, SpooledJsonRecorder):
+                    with _signals_held():  # JSON lines from rows decoded anyway, if due
+                        recorder.write_decoded(*backlog.taken, rows)
+                for sc in rows:
                     p.add(sc)
                 p.flush()
                 p.trim()
