@@ -5,8 +5,9 @@ the format and its version; a name ending in .zst is compressed with the zstd pr
 - version 1, JSON lines (files named *.jsonl or *.json): every event as one JSON
   object per line (decoded Syscall fields). Readable by anything. Decoding and
   encoding run at about 65,000 events per second, so a live capture spools the raw
-  records to a file beside it (`SpooledJsonRecorder`) and writes the JSON lines while
-  it has time to spare, the rest when it ends: nothing is lost to a slow encoder.
+  records to a file beside it (`SpooledJsonRecorder`) and writes the JSON lines from
+  the rows its view decodes anyway, or from the spool while it has time to spare, the
+  rest when it ends: nothing is lost to a slow encoder.
 - version 2, raw (any other name): after the header line (which holds the record
   layout from BTF and the offset from CLOCK_MONOTONIC to wall time), the kernel's
   ring buffer records unchanged, in the chunks the reader drained (see `raw.py`).
