@@ -506,25 +506,27 @@ def _compact_lines(events: list[Syscall]) -> list[str]:
     return [compact_line(r) for r in compact]
 
 
+def _record(path: Path) -> bytes:
+    """_events() recorded as JSON lines at `path`: the file's bytes."""
+    with Recorder(path) as rec:
+        for e in _events():
+            rec.write(e)
+    return path.read_bytes()
+
+
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.zst"])
 def test_record_then_replay_is_identical(tmp_path: Path, suffix: str) -> None:
     if suffix.endswith(".zst") and shutil.which("zstd") is None:
         pytest.skip("no zstd program")
     path = tmp_path / f"rec{suffix}"
-    with Recorder(path) as rec:
-        for e in _events():
-            rec.write(e)
+    _record(path)
     back = list(read_events(path))
     assert back == _events()
     assert _compact_lines(back) == _compact_lines(_events())
 
 
 def test_replay_errors_name_the_line(tmp_path: Path) -> None:
-    path = tmp_path / "rec.jsonl"
-    with Recorder(path) as rec:
-        for e in _events():
-            rec.write(e)
-    data = path.read_bytes()
+    data = _record(tmp_path / "rec.jsonl")
     cut = tmp_path / "cut.jsonl"
     cut.write_bytes(data[: len(data) - 10])
     with pytest.raises(UsageError, match=r"line 7 is truncated"):
@@ -549,10 +551,7 @@ def test_cut_off_zstd_recording_says_zstd_failed(tmp_path: Path) -> None:
     if shutil.which("zstd") is None:
         pytest.skip("no zstd program")
     path = tmp_path / "rec.jsonl.zst"
-    with Recorder(path) as rec:
-        for e in _events():
-            rec.write(e)
-    data = path.read_bytes()
+    data = _record(path)
     cut = tmp_path / "cut.jsonl.zst"
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(UsageError, match=r"zstd could not decompress it"):
