@@ -252,3 +252,23 @@ def test_text_lines_are_aligned_columns(tmp_path: Path) -> None:
         assert line[16:32].rstrip() == ref["comm"]
         assert f" {ref['latency_ns'] / 1e6:9.3f} " in line
         assert (" C " if ref["cached"] else " D ") in line
+
+
+def test_summary_names_the_process_start_as_ps_does() -> None:
+    """A summary's start_time (from the kernel key's start ticks) agrees with ps."""
+    import datetime
+    import subprocess
+
+    from meridian.proc import proc_start
+    from meridian.tools.io import PidSummary
+
+    start = proc_start(os.getpid())
+    assert start is not None
+    d = PidSummary(os.getpid(), "python", start=start).as_dict(1.0)
+    ours = datetime.datetime.fromisoformat(d["start_time"]).timestamp()
+    lstart = subprocess.run(
+        ["ps", "-o", "lstart=", "-p", str(os.getpid())], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    theirs = datetime.datetime.strptime(lstart, "%a %b %d %H:%M:%S %Y").timestamp()
+    assert abs(ours - theirs) < 2.0  # ps: boot time and start both cut to whole seconds
+    assert "start_time" not in PidSummary(1, "x").as_dict(1.0)

@@ -4,6 +4,7 @@ run against fixture trees."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 __all__ = [
@@ -91,6 +92,12 @@ def proc_start(pid: int, proc_root: str | Path = "/proc") -> int | None:
         return None
     finally:
         os.close(fd)
+
+
+def start_wall_ns(start_ticks: int) -> int:
+    """A process start (clock ticks since boot) as Unix time in ns."""
+    boot = time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    return boot + start_ticks * CLOCK_TICK_NS
 
 
 def thread_slots(proc_root: str | Path = "/proc", cap: int = 1 << 18) -> int:

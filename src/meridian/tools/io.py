@@ -25,8 +25,8 @@ from ..bpf import BpfObject, RingBuffer, Strategy, choose, hook_exists
 from ..errors import UsageError
 from ..export import Exporters, ExportOptions, add_arguments, exporting, from_args
 from ..hist import Log2Hist
-from ..output import JsonWriter, fmt_bytes, print_table
-from ..proc import CLOCK_TICK_NS, thread_slots
+from ..output import JsonWriter, fmt_bytes, iso_now, print_table
+from ..proc import CLOCK_TICK_NS, start_wall_ns, thread_slots
 from ..session import Session
 from .io_format import TEXT_HEADER, EventFormatter
 from .io_metrics import io_source
@@ -241,6 +241,8 @@ class PidSummary:
 
     def as_dict(self, seconds: float) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "summary", "pid": self.pid, "comm": self.comm}
+        if self.start:  # tells two processes apart that had the same PID
+            out["start_time"] = iso_now(start_wall_ns(self.start))
         for op in OPS:
             t = self.total(op)
             if not t.ops:
