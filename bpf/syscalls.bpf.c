@@ -535,12 +535,7 @@ int BPF_PROG(btf_sys_enter, struct pt_regs *regs, long id)
 {
 	__u64 args[6];
 
-	args[0] = regs->di;
-	args[1] = regs->si;
-	args[2] = regs->dx;
-	args[3] = regs->r10;
-	args[4] = regs->r8;
-	args[5] = regs->r9;
+	regs_args(regs, args);
 	on_enter(id, args);
 	return 0;
 }

@@ -26,6 +26,16 @@ for i in range(int(sys.argv[2])):
 """
 
 
+def _reap(child: subprocess.Popen[str]) -> None:
+    """Kill the child if it still runs, wait for it and close its pipes."""
+    if child.poll() is None:
+        child.kill()
+    child.wait()
+    for pipe in (child.stdin, child.stdout):
+        if pipe is not None:
+            pipe.close()
+
+
 def test_a_process_that_exits_is_retired_and_leaves_the_kernel_map(tmp_path: Path) -> None:
     data = tmp_path / "data.bin"
     data.write_bytes(b"z" * 16384)
@@ -63,12 +73,7 @@ def test_a_process_that_exits_is_retired_and_leaves_the_kernel_map(tmp_path: Pat
             assert final.total("read").ops == 25
             assert final.total("read").bytes == 25 * 4096
     finally:
-        if child.poll() is None:
-            child.kill()
-        child.wait()
-        for pipe in (child.stdin, child.stdout):
-            if pipe is not None:
-                pipe.close()
+        _reap(child)
 
 
 def test_top_draws_a_busy_process_on_a_terminal_and_exits_clean(tmp_path: Path) -> None:
@@ -120,12 +125,7 @@ def test_top_draws_a_busy_process_on_a_terminal_and_exits_clean(tmp_path: Path) 
         if slave >= 0:
             os.close(slave)
         os.close(master)
-        if busy.poll() is None:
-            busy.kill()
-        busy.wait()
-        for pipe in (busy.stdin, busy.stdout):
-            if pipe is not None:
-                pipe.close()
+        _reap(busy)
 
 
 PREADER_C = r"""
@@ -211,6 +211,4 @@ def test_a_reused_pid_is_counted_as_another_process(tmp_path: Path) -> None:
             assert summarize(*tool.stats())[first.pid].total("read").ops == 40
     finally:
         for child in children:
-            if child.poll() is None:
-                child.kill()
-            child.wait()
+            _reap(child)

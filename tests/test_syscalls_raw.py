@@ -284,3 +284,12 @@ def test_backlog_skips_the_oldest_past_its_limit_and_counts_them() -> None:
     while b:
         got += [sc.index for sc in b.take(cap, 1)]
     assert got == [2, 3, 4, 5] and b.bytes == 0
+
+
+def test_a_json_recording_that_cannot_be_made_leaves_no_spool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("meridian.syscalls.recording.shutil.which", lambda name: None)
+    with pytest.raises(UsageError, match="needs the zstd program"):
+        SpooledJsonRecorder(tmp_path / "r.jsonl.zst", None, DTYPE)
+    assert list(tmp_path.iterdir()) == []

@@ -135,9 +135,10 @@ class Recorder:
         self._proc: subprocess.Popen[bytes] | None = None
         self._file: IO[bytes] | None = None
         if self.path.suffix == ".zst":
+            zstd = _zstd()  # before any file is made
             self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
             self._proc = subprocess.Popen(
-                [_zstd(), "-q", "-c", "-3"], stdin=subprocess.PIPE, stdout=self._file
+                [zstd, "-q", "-c", "-3"], stdin=subprocess.PIPE, stdout=self._file
             )
             assert self._proc.stdin is not None
             self._out: IO[bytes] = self._proc.stdin
@@ -202,10 +203,17 @@ class SpooledJsonRecorder(Recorder):
         raw_dtype: np.dtype[Any],
         wall_offset_ns: int = 0,
     ) -> None:
-        super().__init__(Path(f"{path}.part.rec"), tool_args, raw_dtype, wall_offset_ns)
         self.final = Path(path)
         self.dtype, self.offset = raw_dtype, wall_offset_ns
-        self._json = Recorder(self.final, tool_args, created=self.created)
+        # The JSON file first: if it cannot be made (no zstd), no spool is left behind.
+        self._json = Recorder(self.final, tool_args)
+        spool = Path(f"{path}.part.rec")
+        try:
+            super().__init__(spool, tool_args, raw_dtype, wall_offset_ns, self._json.created)
+        except BaseException:
+            self._json.close()
+            self.final.unlink(missing_ok=True)
+            raise
         self._out.flush()
         self._spool = open(self.path, "rb")  # noqa: SIM115 - closed in close()
         self._header = len(self._spool.readline())

@@ -486,7 +486,7 @@ def run_options(opts: Options, out: TextIO) -> int:
 def _stream(tool: FileIO, exporters: Exporters, opts: Options, out: TextIO) -> int:
     """The event stream (or --top) and the PID table until the end, then the summary."""
     from .io_block import summarize_block
-    from .io_table import RETIRED_MAX, PidTable, delete_keys, process_ids
+    from .io_table import RETIRED_MAX, PidTable, delete_keys, of_processes
     from .io_top import run_top
 
     fmt = EventFormatter()
@@ -514,8 +514,7 @@ def _stream(tool: FileIO, exporters: Exporters, opts: Options, out: TextIO) -> i
         procs = {(int(p), int(s)) for p, s in zip(dkeys["pid"], dkeys["start"], strict=True)}
         gone = table.gone(procs, time.monotonic_ns())
         if gone:
-            ids = np.array([(pid << 32) | start for pid, start in gone], np.uint64)
-            mask = np.isin(process_ids(dkeys), ids)
+            mask = of_processes(dkeys, gone)
             retired_block.extend(summarize_block(dkeys[mask], dvals[mask]))
             del retired_block[: max(0, len(retired_block) - RETIRED_MAX)]
             delete_keys(disk_map, dkeys[mask])

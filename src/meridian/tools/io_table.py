@@ -86,6 +86,13 @@ def process_ids(keys: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return ids
 
 
+def of_processes(keys: np.ndarray[Any, Any], procs: Iterable[Process]) -> np.ndarray[Any, Any]:
+    """Which kernel keys belong to these processes (a boolean mask)."""
+    ids = np.array([(pid << 32) | start for pid, start in procs], np.uint64)
+    out: np.ndarray[Any, Any] = np.isin(process_ids(keys), ids)
+    return out
+
+
 @dataclass
 class OpView:
     """One op of one row: totals since the agent started, windows, the last interval."""
@@ -298,8 +305,7 @@ class PidTable:
                 self.retired_forgotten += 1
         if not gone or not len(keys):
             return keys[:0]
-        ids = np.array([(ps.pid << 32) | ps.start for ps in gone], np.uint64)
-        out: np.ndarray[Any, Any] = keys[np.isin(process_ids(keys), ids)]
+        out: np.ndarray[Any, Any] = keys[of_processes(keys, [(ps.pid, ps.start) for ps in gone])]
         return out
 
     def gone(self, procs: Iterable[Process], now_ns: int) -> list[Process]:
