@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from children import reap
 from conftest import LoopDevice
 
 from meridian.tools.io import FileIO, Options, PidSummary, summarize
@@ -167,15 +168,6 @@ def _end(p: subprocess.Popen[bytes]) -> None:
     p.stdout.close()
 
 
-def _kill(p: subprocess.Popen[bytes]) -> None:
-    if p.poll() is None:
-        p.kill()
-        p.wait()
-    for f in (p.stdin, p.stdout):
-        if f is not None:
-            f.close()
-
-
 def test_pid_filter_and_non_regular_files(tmp_path: Path) -> None:
     path = tmp_path / "small.bin"
     path.write_bytes(os.urandom(4096))
@@ -190,7 +182,7 @@ def test_pid_filter_and_non_regular_files(tmp_path: Path) -> None:
             stats = summarize(*tool.stats())
     finally:
         for p in (ours, other):
-            _kill(p)
+            reap(p)
     # Only the filtered PID, and only its three preads of the regular file: the pipe,
     # the socket, /dev/zero and the pipe to stdout produced nothing.
     assert set(stats) == {ours.pid}
@@ -239,7 +231,7 @@ def test_cli_events_with_paths_and_summary(tmp_path: Path) -> None:
         out, _ = proc.communicate(timeout=30)
         _end(child)
     finally:
-        _kill(child)
+        reap(child)
     assert proc.returncode == 0
     lines = [json.loads(x) for x in out.splitlines()]
     events = [x for x in lines if "type" not in x]
@@ -275,7 +267,7 @@ def test_cgroup_filter_in_the_kernel(tmp_path: Path) -> None:
         _end(outside)
     finally:
         for p in (inside, outside):
-            _kill(p)
+            reap(p)
         for d in (inner, top):
             if d.exists():
                 d.rmdir()
@@ -338,7 +330,7 @@ def test_sendfile_and_copy_file_range(tmp_path: Path, strategy: str) -> None:
             stats = summarize(*tool.stats())
         _end(p)
     finally:
-        _kill(p)
+        reap(p)
     assert (n_file, n_sock, n_copy, n_zero) == (65536, 12288, 32768, 8192)
     ino = {f: f.stat().st_ino for f in (src, dst, dst2, dst3)}
     got = sorted((OPS_[int(e["op"])], int(e["fd"]), int(e["ino"]), int(e["bytes"])) for e in events)
@@ -502,7 +494,7 @@ def test_comm_filter_in_the_kernel(tmp_path: Path) -> None:
         _end(other)
     finally:
         for p in (ours, other):
-            _kill(p)
+            reap(p)
     assert set(stats) == {ours.pid}
     assert stats[ours.pid].comm == "meridian-comm"
     assert stats[ours.pid].total("read").ops == 3 and len(events) == 3
@@ -559,7 +551,7 @@ def test_threads_sharing_a_slot_are_never_mispaired(tmp_path: Path) -> None:
             counters = tool.counters()
         _end(p)
     finally:
-        _kill(p)
+        reap(p)
         inst.rmdir()
     assert woke > 0
     assert counters["evicted"] == 1  # the blocked read(2)

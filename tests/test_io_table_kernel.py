@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from children import reap
 
 from meridian.tools.io import FileIO, Options, summarize
 from meridian.tools.io_table import PidTable, delete_keys
@@ -24,16 +25,6 @@ sys.stdin.readline()
 for i in range(int(sys.argv[2])):
     os.pread(f, 4096, (i % 4) * 4096)
 """
-
-
-def _reap(child: subprocess.Popen[str]) -> None:
-    """Kill the child if it still runs, wait for it and close its pipes."""
-    if child.poll() is None:
-        child.kill()
-    child.wait()
-    for pipe in (child.stdin, child.stdout):
-        if pipe is not None:
-            pipe.close()
 
 
 def test_a_process_that_exits_is_retired_and_leaves_the_kernel_map(tmp_path: Path) -> None:
@@ -73,7 +64,7 @@ def test_a_process_that_exits_is_retired_and_leaves_the_kernel_map(tmp_path: Pat
             assert final.total("read").ops == 25
             assert final.total("read").bytes == 25 * 4096
     finally:
-        _reap(child)
+        reap(child)
 
 
 def test_top_draws_a_busy_process_on_a_terminal_and_exits_clean(tmp_path: Path) -> None:
@@ -125,7 +116,7 @@ def test_top_draws_a_busy_process_on_a_terminal_and_exits_clean(tmp_path: Path) 
         if slave >= 0:
             os.close(slave)
         os.close(master)
-        _reap(busy)
+        reap(busy)
 
 
 PREADER_C = r"""
@@ -211,4 +202,4 @@ def test_a_reused_pid_is_counted_as_another_process(tmp_path: Path) -> None:
             assert summarize(*tool.stats())[first.pid].total("read").ops == 40
     finally:
         for child in children:
-            _reap(child)
+            reap(child)
