@@ -12,6 +12,26 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+
+def compile_c(source: str, workdir: Path, name: str) -> Path:
+    """A small C program (`source`) built with cc -O2 in `workdir`; returns its path."""
+    src = workdir / f"{name}.c"
+    src.write_text(source)
+    exe = workdir / name
+    subprocess.run(["cc", "-O2", "-o", str(exe), str(src)], check=True)
+    return exe
+
+
+def wait_ready(pipe: IO[str] | IO[bytes], ready: str, what: str) -> None:
+    """Read a tracer's output until a line holds `ready` (meridian -v: "strategy:");
+    a RuntimeError if it ends first."""
+    while line := pipe.readline():
+        if ready in (line.decode(errors="replace") if isinstance(line, bytes) else line):
+            return
+    raise RuntimeError(f"{what} exited before attaching")
 
 
 def fio_randread_iops(path: str | os.PathLike[str], seconds: int) -> float:

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _rounds import fio_randread_iops, interleaved, print_ratios
+from _rounds import compile_c, fio_randread_iops, interleaved, print_ratios, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 MERIDIAN = [str(ROOT / ".venv" / "bin" / "meridian"), "io", "-v"]
@@ -59,14 +59,6 @@ tracepoint:syscalls:sys_exit_pread64 /@start[tid]/ {
 """
 
 
-def build_loop(workdir: Path) -> Path:
-    src = workdir / "preadloop.c"
-    src.write_text(LOOP_C)
-    exe = workdir / "preadloop"
-    subprocess.run(["cc", "-O2", "-o", str(exe), str(src)], check=True)
-    return exe
-
-
 def loop(exe: Path, data: Path, seconds: float) -> float:
     out = subprocess.run([str(exe), str(data), str(seconds)], check=True, capture_output=True)
     return float(out.stdout)
@@ -88,12 +80,7 @@ def traced(
     pipe = p.stdout if on_stdout else p.stderr
     assert pipe is not None
     try:
-        while True:
-            line = pipe.readline()
-            if not line:
-                raise RuntimeError(f"{cmd[0]} exited before attaching")
-            if ready in line:
-                break
+        wait_ready(pipe, ready, cmd[0])
         rate = loop(exe, data, seconds)
     finally:
         p.terminate()
@@ -138,7 +125,7 @@ def main(argv: list[str]) -> int:
     notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        exe = build_loop(work)
+        exe = compile_c(LOOP_C, work, "preadloop")
         data = work / "data.bin"
         data.write_bytes(os.urandom(1 << 20))
         script = work / "lat.bt"

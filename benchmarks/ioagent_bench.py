@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _rounds import compile_c, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 # MERIDIAN=/path/to/meridian compares another build (e.g. main's) with the same load.
@@ -104,9 +105,7 @@ def agent_run(producer: Path, data: Path, count: int, rate: float) -> dict[str, 
     counter = LineCounter(p.stdout.fileno())
     counter.start()
     try:
-        while b"strategy:" not in (line := p.stderr.readline()):
-            if not line:
-                raise RuntimeError("meridian io exited before attaching")
+        wait_ready(p.stderr, "strategy:", "meridian io")
         cpu_start = cpu_seconds(p.pid)
         started = time.monotonic()
         out = subprocess.run(
@@ -162,7 +161,7 @@ def formatter_rate(n: int = 1_000_000) -> dict[str, Any]:
     """The formatter alone, in this process, on mixed events made chunk by chunk."""
     sys.path.insert(0, str(ROOT / "src"))
     from meridian.bpf import BpfObject, object_path
-    from meridian.tools.io_format import EventFormatter
+    from meridian.tools.io.events import EventFormatter
 
     with BpfObject(object_path("io")) as obj:
         assert obj.btf is not None
@@ -203,9 +202,7 @@ def main(argv: list[str]) -> int:
         print(f"formatter alone: {formatter_rate()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        (work / "preadn.c").write_text(PRODUCER_C)
-        producer = work / "preadn"
-        subprocess.run(["cc", "-O2", "-o", str(producer), str(work / "preadn.c")], check=True)
+        producer = compile_c(PRODUCER_C, work, "preadn")
         data = work / "data.bin"
         data.write_bytes(os.urandom(1 << 20))
         subprocess.run([str(producer), str(data), "1000", "0"], check=True, capture_output=True)

@@ -25,6 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from bpfbuild import compile_bpf  # noqa: E402
 from ringfake import FakeRing  # noqa: E402
 
 from meridian.bpf import BpfObject  # noqa: E402
@@ -76,25 +77,7 @@ def synthetic(batch: int = 100_000, rounds: int = 30) -> dict[str, float]:
 
 
 def build_producer(tmp: Path) -> Path:
-    obj = tmp / "ringbuf_producer.bpf.o"
-    subprocess.run(
-        [
-            "clang",
-            "-g",
-            "-O2",
-            "-target",
-            "bpf",
-            "-mcpu=v3",
-            "-D__TARGET_ARCH_x86",
-            f"-I{ROOT / 'build'}",
-            f"-I{ROOT / 'bpf'}",
-            "-c",
-            str(ROOT / "benchmarks" / "ringbuf_producer.bpf.c"),
-            "-o",
-            str(obj),
-        ],
-        check=True,
-    )
+    obj = compile_bpf(ROOT / "benchmarks" / "ringbuf_producer.bpf.c", tmp / "producer.bpf.o")
     exe = tmp / "getppid_loop"
     src = tmp / "loop.c"
     src.write_text(LOOP_C)

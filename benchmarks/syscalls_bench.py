@@ -26,7 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MERIDIAN = [str(ROOT / ".venv" / "bin" / "meridian"), "syscalls"]
-LOOP_C = r"""
+# What both syscalls benchmarks' C programs start with (`build` puts it first).
+C_PRELUDE = r"""
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +41,8 @@ static double now(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
-
+"""
+LOOP_C = r"""
 int main(int argc, char **argv)
 {
 	double seconds = atof(argv[2]), t0 = now(), t;
@@ -74,6 +76,16 @@ BPFTRACE = "".join(
 )
 
 
+def build(tmp: Path, name: str, source: str) -> tuple[Path, Path]:
+    """C_PRELUDE + `source` compiled as `tmp/name`, and the file the program opens."""
+    c = tmp / f"{name}.c"
+    c.write_text(C_PRELUDE + source)
+    subprocess.run(["gcc", "-O2", "-o", str(tmp / name), str(c)], check=True)
+    target = tmp / "file"
+    target.write_text("x")
+    return tmp / name, target
+
+
 def run_loop(cmd: list[str]) -> tuple[float, str]:
     p = subprocess.run(cmd, capture_output=True, text=True, check=True)
     rate = float(re.findall(r"^(\d+)$", p.stdout, re.M)[-1])
@@ -85,11 +97,7 @@ def main() -> int:
     seconds = sys.argv[2] if len(sys.argv) > 2 else "3"
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        (tmp / "loop.c").write_text(LOOP_C)
-        loop = tmp / "scloop"
-        subprocess.run(["gcc", "-O2", "-o", str(loop), str(tmp / "loop.c")], check=True)
-        target = tmp / "file"
-        target.write_text("x")
+        loop, target = build(tmp, "scloop", LOOP_C)
         base = [str(loop), str(target), seconds]
         rec = tmp / "rec.jsonl"
         (tmp / "trace.bt").write_text(BPFTRACE)

@@ -30,24 +30,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from meridian.syscalls.raw import dtype_from_json, frames  # noqa: E402
+from syscalls_bench import MERIDIAN, build  # noqa: E402
 
-MERIDIAN = [str(ROOT / ".venv" / "bin" / "meridian"), "syscalls"]
+from meridian.tools.syscalls.raw import dtype_from_json, frames  # noqa: E402
+
 RATE_C = r"""
-#include <fcntl.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
-
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 int main(int argc, char **argv)
 {
 	double events = atof(argv[2]), seconds = atof(argv[3]);
@@ -119,11 +106,7 @@ def main() -> int:
     seconds = sys.argv[2] if len(sys.argv) > 2 else "60"
     with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
         tmp = Path(d)
-        (tmp / "rate.c").write_text(RATE_C)
-        prog = tmp / "scrate"
-        subprocess.run(["gcc", "-O2", "-o", str(prog), str(tmp / "rate.c")], check=True)
-        target = tmp / "file"
-        target.write_text("x")
+        prog, target = build(tmp, "scrate", RATE_C)
         base = [str(prog), str(target), rate, seconds]
         rows = []
         for name, extra in (

@@ -23,8 +23,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from meridian.syscalls import Syscall  # noqa: E402
-from meridian.tools.syscalls_tui import CallTable, SyscallsApp  # noqa: E402
+from meridian.tools.syscalls.record import Syscall  # noqa: E402
+from meridian.tools.syscalls.tui import SyscallsApp  # noqa: E402
+from meridian.tools.syscalls.tui_table import CallTable  # noqa: E402
 
 T0 = 1_700_000_000_000_000_000
 

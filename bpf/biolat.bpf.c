@@ -37,51 +37,20 @@ struct req_state {
 	char comm[BIOLAT_COMM_LEN];
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
-	__type(key, struct req_key);
-	__type(value, struct req_state);
-} reqs SEC(".maps");
+MAP_DEF(reqs, BPF_MAP_TYPE_HASH, struct req_key, struct req_state, 65536);
+MAP_DEF(hists, BPF_MAP_TYPE_HASH, struct biolat_key, struct biolat_hist, 16384);
+MAP_DEF(depth, BPF_MAP_TYPE_HASH, __u32, struct biolat_depth, 1024);
+MAP_DEF(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct biolat_counters, 1);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, struct biolat_key);
-	__type(value, struct biolat_hist);
-} hists SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, __u32);
-	__type(value, struct biolat_depth);
-} depth SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct biolat_counters);
-} counters SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 22);
-} events SEC(".maps");
+RINGBUF_DEF(events, 1 << 22);
 
 EXPORT_RECORD(biolat_event);
 
 static const struct biolat_hist zero_hist;
 static const struct biolat_depth zero_depth;
 
-#define COUNT(field)                                                        \
-	do {                                                                \
-		__u32 zero = 0;                                             \
-		struct biolat_counters *c = bpf_map_lookup_elem(&counters, &zero); \
-		if (c)                                                      \
-			__sync_fetch_and_add(&c->field, 1);                 \
-	} while (0)
+/* Completions run in interrupts too, and may nest in another program on a CPU. */
+#define COUNT(field) COUNT_ATOMIC(&counters, struct biolat_counters, field)
 
 static __always_inline bool dev_filtered(__u32 dev)
 {
@@ -161,8 +130,8 @@ static __always_inline void issue_req(const struct req_key *k, __u32 dev, enum b
 	if (!st)
 		return;
 	if (targ_queued && st->insert_ns && !st->issue_ns)
-		hist_add(dev, op, BIOLAT_KIND_QUEUE, bytes, (now - st->insert_ns) / latency_unit_ns,
-			 now - st->insert_ns);
+		hist_add(dev, op, BIOLAT_KIND_QUEUE, bytes,
+			 in_units(now - st->insert_ns, latency_unit_ns), now - st->insert_ns);
 	if (st->issue_ns) {
 		/* Issued again without a completion or requeue we saw: already in flight. */
 		st->issue_ns = now;
@@ -213,7 +182,7 @@ static __always_inline struct biolat_event *complete_req(const struct req_key *k
 	}
 	start = targ_queued && st->insert_ns ? st->insert_ns : st->issue_ns;
 	lat = now - start;
-	hist_add(dev, op, BIOLAT_KIND_LATENCY, bytes, lat / latency_unit_ns, lat);
+	hist_add(dev, op, BIOLAT_KIND_LATENCY, bytes, in_units(lat, latency_unit_ns), lat);
 	if (track_depth) {
 		d = bpf_map_lookup_elem(&depth, &dev);
 		if (d)
@@ -303,51 +272,26 @@ static __always_inline void fill_rwbs(char *rwbs, __u32 flags)
 		rwbs[i++] = 'M';
 }
 
-SEC("tp_btf/block_io_start")
-int BPF_PROG(btf_io_start, struct request *rq)
-{
-	struct req_key k = { .id = (__u64)rq };
+/* A program of the request's life before completion: its key is the request pointer,
+ * `body` runs unless the device is filtered out (`k` the key, `dev` the device). */
+#define BTF_REQ_PROG(hook, name, body)						\
+	SEC("tp_btf/" hook)							\
+	int BPF_PROG(name, struct request *rq)					\
+	{									\
+		struct req_key k = { .id = (__u64)rq };				\
+		__u32 dev = rq_dev(rq);						\
+										\
+		if (!dev_filtered(dev))						\
+			body;							\
+		return 0;							\
+	}
 
-	if (dev_filtered(rq_dev(rq)))
-		return 0;
-	start_req(&k);
-	return 0;
-}
-
-SEC("tp_btf/block_rq_insert")
-int BPF_PROG(btf_rq_insert, struct request *rq)
-{
-	struct req_key k = { .id = (__u64)rq };
-
-	if (dev_filtered(rq_dev(rq)))
-		return 0;
-	insert_req(&k);
-	return 0;
-}
-
-SEC("tp_btf/block_rq_issue")
-int BPF_PROG(btf_rq_issue, struct request *rq)
-{
-	struct req_key k = { .id = (__u64)rq };
-	__u32 dev = rq_dev(rq);
-
-	if (dev_filtered(dev))
-		return 0;
-	issue_req(&k, dev, op_of_flags(BPF_CORE_READ(rq, cmd_flags)), BPF_CORE_READ(rq, __data_len));
-	return 0;
-}
-
-SEC("tp_btf/block_rq_requeue")
-int BPF_PROG(btf_rq_requeue, struct request *rq)
-{
-	struct req_key k = { .id = (__u64)rq };
-	__u32 dev = rq_dev(rq);
-
-	if (dev_filtered(dev))
-		return 0;
-	requeue_req(&k, dev);
-	return 0;
-}
+BTF_REQ_PROG("block_io_start", btf_io_start, start_req(&k))
+BTF_REQ_PROG("block_rq_insert", btf_rq_insert, insert_req(&k))
+BTF_REQ_PROG("block_rq_issue", btf_rq_issue,
+	     issue_req(&k, dev, op_of_flags(BPF_CORE_READ(rq, cmd_flags)),
+		       BPF_CORE_READ(rq, __data_len)))
+BTF_REQ_PROG("block_rq_requeue", btf_rq_requeue, requeue_req(&k, dev))
 
 SEC("tp_btf/block_rq_complete")
 int BPF_PROG(btf_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
@@ -386,51 +330,34 @@ static __always_inline enum biolat_op op_of_rwbs(const char *rwbs)
 	}
 }
 
-SEC("tracepoint/block/block_io_start")
-int tp_io_start(struct trace_event_raw_block_rq *ctx)
+/* The op of a tracepoint record's rwbs field. */
+static __always_inline enum biolat_op tp_op(const char *field)
 {
-	struct req_key k = { .id = ctx->sector, .dev = ctx->dev };
-
-	if (dev_filtered(ctx->dev))
-		return 0;
-	start_req(&k);
-	return 0;
-}
-
-SEC("tracepoint/block/block_rq_insert")
-int tp_rq_insert(struct trace_event_raw_block_rq *ctx)
-{
-	struct req_key k = { .id = ctx->sector, .dev = ctx->dev };
-
-	if (dev_filtered(ctx->dev))
-		return 0;
-	insert_req(&k);
-	return 0;
-}
-
-SEC("tracepoint/block/block_rq_issue")
-int tp_rq_issue(struct trace_event_raw_block_rq *ctx)
-{
-	struct req_key k = { .id = ctx->sector, .dev = ctx->dev };
 	char rwbs[BIOLAT_RWBS_LEN];
 
-	if (dev_filtered(ctx->dev))
-		return 0;
-	bpf_probe_read_kernel(rwbs, sizeof(rwbs), ctx->rwbs);
-	issue_req(&k, ctx->dev, op_of_rwbs(rwbs), ctx->bytes);
-	return 0;
+	bpf_probe_read_kernel(rwbs, sizeof(rwbs), field);
+	return op_of_rwbs(rwbs);
 }
 
-SEC("tracepoint/block/block_rq_requeue")
-int tp_rq_requeue(struct trace_event_raw_block_rq_requeue *ctx)
-{
-	struct req_key k = { .id = ctx->sector, .dev = ctx->dev };
+/* The same through the plain tracepoints: the key is dev+sector, `ctx` the
+ * tracepoint's record of `type`. */
+#define TP_REQ_PROG(hook, name, type, body)					\
+	SEC("tracepoint/block/" hook)						\
+	int name(struct type *ctx)						\
+	{									\
+		struct req_key k = { .id = ctx->sector, .dev = ctx->dev };	\
+										\
+		if (!dev_filtered(ctx->dev))					\
+			body;							\
+		return 0;							\
+	}
 
-	if (dev_filtered(ctx->dev))
-		return 0;
-	requeue_req(&k, ctx->dev);
-	return 0;
-}
+TP_REQ_PROG("block_io_start", tp_io_start, trace_event_raw_block_rq, start_req(&k))
+TP_REQ_PROG("block_rq_insert", tp_rq_insert, trace_event_raw_block_rq, insert_req(&k))
+TP_REQ_PROG("block_rq_issue", tp_rq_issue, trace_event_raw_block_rq,
+	    issue_req(&k, ctx->dev, tp_op(ctx->rwbs), ctx->bytes))
+TP_REQ_PROG("block_rq_requeue", tp_rq_requeue, trace_event_raw_block_rq_requeue,
+	    requeue_req(&k, ctx->dev))
 
 SEC("tracepoint/block/block_rq_complete")
 int tp_rq_complete(struct trace_event_raw_block_rq_completion *ctx)

@@ -2,11 +2,14 @@
 /* meridian io: every read and write on a regular file, per thread, with its latency
  * and whether the page cache served it.
  *
- * Three strategies for the syscall side, picked at run time by autoload:
- *   fentry_* / fexit_*: vfs_read and vfs_write (the file pointer is an argument);
+ * Four strategies for the syscall side, picked at run time by autoload:
+ *   fentry_* / fexit_*: the kernel functions below the syscalls that still take the fd;
+ *   ks_* / kr_*:        kprobes on the syscalls (libbpf's ksyscall);
  *   raw_*:              tp_btf raw syscalls sys_enter/sys_exit with a syscall-id filter;
  *   tp_*:               the syscalls:sys_enter_* / sys_exit_* tracepoints.
- * The disk signals are shared by all three: a page inserted into the page cache by the
+ * Each is one thin pair of programs per syscall around the same two bodies, enter_sys()
+ * and finish_op() (see "the syscalls" below).
+ * The disk signals are shared by all of them: a page inserted into the page cache by the
  * thread (filemap:mm_filemap_add_to_page_cache), a bio it submits (block:block_bio_queue)
  * and the time it sleeps in I/O wait (sched_switch with in_iowait), each only while
  * the thread has a read or write in flight. An operation with none of them is cached.
@@ -88,19 +91,9 @@ struct ahead_range {
 	__u64 hi;
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096);
-	__type(key, struct ahead_key);
-	__type(value, struct ahead_range);
-} ahead SEC(".maps");
+MAP_DEF(ahead, BPF_MAP_TYPE_LRU_HASH, struct ahead_key, struct ahead_range, 4096);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 8192);
-	__type(key, struct fileio_key);
-	__type(value, struct fileio_stats);
-} stats SEC(".maps");
+MAP_DEF(stats, BPF_MAP_TYPE_PERCPU_HASH, struct fileio_key, struct fileio_stats, 8192);
 
 /* A block request in flight, by its struct request pointer: who submitted it
  * (block_io_start runs in the submitting thread) and when the device got it. */
@@ -121,38 +114,15 @@ struct {
 	__type(value, struct rq_owner);
 } rqs SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 8192);
-	__type(key, struct fileio_disk_key);
-	__type(value, struct fileio_disk_stats);
-} disk_io SEC(".maps");
+MAP_DEF(disk_io, BPF_MAP_TYPE_PERCPU_HASH, struct fileio_disk_key, struct fileio_disk_stats, 8192);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, __u32);
-	__type(value, __u8);
-} pids SEC(".maps");
+MAP_DEF(pids, BPF_MAP_TYPE_HASH, __u32, __u8, 1024);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 64);
-	__type(key, char[IO_COMM_LEN]);
-	__type(value, __u8);
-} comms SEC(".maps");
+MAP_DEF(comms, BPF_MAP_TYPE_HASH, char[IO_COMM_LEN], __u8, 64);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct fileio_counters);
-} counters SEC(".maps");
+MAP_DEF(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct fileio_counters, 1);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 24);
-} events SEC(".maps");
+RINGBUF_DEF(events, 1 << 24);
 
 EXPORT_RECORD(fileio_event);
 
@@ -299,12 +269,13 @@ static __always_inline void enter_copy(int in_fd, __s64 in_pos, int out_fd, __s6
 	}
 }
 
-/* An offset behind a user pointer, -1 (the file's own) for NULL. */
-static __always_inline __s64 user_pos(const loff_t *p)
+/* An offset behind a pointer, a user's or the kernel's, -1 (the file's own) for NULL. */
+static __always_inline __s64 read_pos(const loff_t *p, bool user)
 {
 	loff_t pos = -1;
 
-	if (p && bpf_probe_read_user(&pos, sizeof(pos), p))
+	if (p && (user ? bpf_probe_read_user(&pos, sizeof(pos), p)
+		       : bpf_probe_read_kernel(&pos, sizeof(pos), p)))
 		pos = -1;
 	return pos;
 }
@@ -657,129 +628,199 @@ int BPF_PROG(tp_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	return 0;
 }
 
-/* ---- tracepoint strategy: syscalls:sys_enter_* / sys_exit_* ------------------------ */
+/* ---- the syscalls: one body, instantiated per attach type ----------------------------
+ * Every strategy hooks the same syscalls (the fentry one, the kernel functions that take
+ * their arguments) with a thin entry program that calls enter_sys() with the syscall's
+ * kind and where its arguments are, and an exit program that calls finish_op() with its
+ * return value. The kind is a constant in every program but raw_enter's, so each
+ * program keeps only its own path and reads only the arguments that path uses. */
 
-#define TP_PLAIN(name, op, pos)                                             \
-	SEC("tracepoint/syscalls/sys_enter_" #name)                         \
-	int tp_enter_##name(struct trace_event_raw_sys_enter *ctx)          \
-	{                                                                   \
-		enter_fd((int)ctx->args[0], op, ctx->args[2], pos);         \
-		return 0;                                                   \
-	}                                                                   \
-	SEC("tracepoint/syscalls/sys_exit_" #name)                          \
-	int tp_exit_##name(struct trace_event_raw_sys_exit *ctx)            \
-	{                                                                   \
-		finish_op(ctx->ret);                                        \
-		return 0;                                                   \
-	}
-
-#define TP_VEC(name, op, pos)                                               \
-	SEC("tracepoint/syscalls/sys_enter_" #name)                         \
-	int tp_enter_##name(struct trace_event_raw_sys_enter *ctx)          \
-	{                                                                   \
-		enter_fd((int)ctx->args[0], op,                             \
-			 iov_bytes((const struct iovec *)ctx->args[1], ctx->args[2]), pos); \
-		return 0;                                                   \
-	}                                                                   \
-	SEC("tracepoint/syscalls/sys_exit_" #name)                          \
-	int tp_exit_##name(struct trace_event_raw_sys_exit *ctx)            \
-	{                                                                   \
-		finish_op(ctx->ret);                                        \
-		return 0;                                                   \
-	}
-
-/* The offset: -1 for the file's own; preadv's pos_l holds all of it on 64-bit. */
-TP_PLAIN(read, IO_OP_READ, -1)
-TP_PLAIN(pread64, IO_OP_READ, (__s64)ctx->args[3])
-TP_VEC(readv, IO_OP_READ, -1)
-TP_VEC(preadv, IO_OP_READ, (__s64)ctx->args[3])
-TP_VEC(preadv2, IO_OP_READ, (__s64)ctx->args[3])
-TP_PLAIN(write, IO_OP_WRITE, -1)
-TP_PLAIN(pwrite64, IO_OP_WRITE, (__s64)ctx->args[3])
-TP_VEC(writev, IO_OP_WRITE, -1)
-TP_VEC(pwritev, IO_OP_WRITE, (__s64)ctx->args[3])
-TP_VEC(pwritev2, IO_OP_WRITE, (__s64)ctx->args[3])
-
-/* sendfile64(out_fd, in_fd, loff_t *offset, count) */
-SEC("tracepoint/syscalls/sys_enter_sendfile64")
-int tp_enter_sendfile64(struct trace_event_raw_sys_enter *ctx)
-{
-	enter_copy((int)ctx->args[1], user_pos((const loff_t *)ctx->args[2]), (int)ctx->args[0],
-		   -1, ctx->args[3]);
-	return 0;
-}
-
-SEC("tracepoint/syscalls/sys_exit_sendfile64")
-int tp_exit_sendfile64(struct trace_event_raw_sys_exit *ctx)
-{
-	finish_op(ctx->ret);
-	return 0;
-}
-
-/* copy_file_range(fd_in, loff_t *off_in, fd_out, loff_t *off_out, len, flags) */
-SEC("tracepoint/syscalls/sys_enter_copy_file_range")
-int tp_enter_copy_file_range(struct trace_event_raw_sys_enter *ctx)
-{
-	enter_copy((int)ctx->args[0], user_pos((const loff_t *)ctx->args[1]), (int)ctx->args[2],
-		   user_pos((const loff_t *)ctx->args[3]), ctx->args[4]);
-	return 0;
-}
-
-SEC("tracepoint/syscalls/sys_exit_copy_file_range")
-int tp_exit_copy_file_range(struct trace_event_raw_sys_exit *ctx)
-{
-	finish_op(ctx->ret);
-	return 0;
-}
-
-/* ---- raw syscall strategy: tp_btf sys_enter / sys_exit with an id filter ----------- */
-
-#if defined(__TARGET_ARCH_x86)
-enum { NR_read = 0, NR_write = 1, NR_pread64 = 17, NR_pwrite64 = 18, NR_readv = 19,
-       NR_writev = 20, NR_preadv = 295, NR_pwritev = 296, NR_preadv2 = 327,
-       NR_pwritev2 = 328, NR_sendfile = 40, NR_copy_file_range = 326 };
-#define SYSCALL_NR(regs) ((regs)->orig_ax)
-#define SYSCALL_ARG1(regs) ((regs)->di)
-#define SYSCALL_ARG2(regs) ((regs)->si)
-#define SYSCALL_ARG3(regs) ((regs)->dx)
-#define SYSCALL_ARG4(regs) ((regs)->r10)
-#define SYSCALL_ARG5(regs) ((regs)->r8)
-#elif defined(__TARGET_ARCH_arm64)
-enum { NR_read = 63, NR_write = 64, NR_readv = 65, NR_writev = 66, NR_pread64 = 67,
-       NR_pwrite64 = 68, NR_preadv = 69, NR_pwritev = 70, NR_preadv2 = 286,
-       NR_pwritev2 = 287, NR_sendfile = 71, NR_copy_file_range = 285 };
-#define SYSCALL_NR(regs) ((regs)->syscallno)
-#define SYSCALL_ARG1(regs) ((regs)->orig_x0)
-#define SYSCALL_ARG2(regs) ((regs)->regs[1])
-#define SYSCALL_ARG3(regs) ((regs)->regs[2])
-#define SYSCALL_ARG4(regs) ((regs)->regs[3])
-#define SYSCALL_ARG5(regs) ((regs)->regs[4])
-#endif
-
-#ifdef SYSCALL_NR
-/* The syscall-id filter: one load from a small table indexed by id. */
 #define K_READ 1		/* enum io_op + 1 */
 #define K_WRITE 2
 #define K_VEC 4			/* arguments: fd, iovec array, count */
 #define K_POS 8			/* the 4th argument is the offset */
-#define K_SENDFILE 16
-#define K_COPY 32		/* copy_file_range */
-#define NR_TABLE 512
+#define K_SENDFILE 16		/* sendfile64(out_fd, in_fd, loff_t *offset, count) */
+#define K_COPY 32		/* copy_file_range(fd_in, loff_t *off_in, fd_out, loff_t *off_out,
+				 * len, flags) */
 
-static const __u8 sys_kind[NR_TABLE] = {
-	[NR_read] = K_READ,
-	[NR_pread64] = K_READ | K_POS,
-	[NR_readv] = K_READ | K_VEC,
-	[NR_preadv] = K_READ | K_VEC | K_POS,
-	[NR_preadv2] = K_READ | K_VEC | K_POS,
-	[NR_write] = K_WRITE,
-	[NR_pwrite64] = K_WRITE | K_POS,
-	[NR_writev] = K_WRITE | K_VEC,
-	[NR_pwritev] = K_WRITE | K_VEC | K_POS,
-	[NR_pwritev2] = K_WRITE | K_VEC | K_POS,
-	[NR_sendfile] = K_SENDFILE,
-	[NR_copy_file_range] = K_COPY,
+/* The traced syscalls and their kinds: read, write and their pread/readv/preadv/preadv2
+ * forms (preadv's pos_l holds all of the offset on 64-bit; -1 in preadv2's is the file's
+ * own offset), and the copies. */
+#define IO_SYSCALLS(X)                                                      \
+	X(read, K_READ)                                                     \
+	X(pread64, K_READ | K_POS)                                          \
+	X(readv, K_READ | K_VEC)                                            \
+	X(preadv, K_READ | K_VEC | K_POS)                                   \
+	X(preadv2, K_READ | K_VEC | K_POS)                                  \
+	X(write, K_WRITE)                                                   \
+	X(pwrite64, K_WRITE | K_POS)                                        \
+	X(writev, K_WRITE | K_VEC)                                          \
+	X(pwritev, K_WRITE | K_VEC | K_POS)                                 \
+	X(pwritev2, K_WRITE | K_VEC | K_POS)                                \
+	X(sendfile64, K_SENDFILE)                                           \
+	X(copy_file_range, K_COPY)
+
+#define KIND_ENUM(name, kind) KIND_##name = kind,
+enum { IO_SYSCALLS(KIND_ENUM) };
+
+#if defined(__TARGET_ARCH_x86)
+enum { NR_read = 0, NR_write = 1, NR_pread64 = 17, NR_pwrite64 = 18, NR_readv = 19,
+       NR_writev = 20, NR_preadv = 295, NR_pwritev = 296, NR_preadv2 = 327,
+       NR_pwritev2 = 328, NR_sendfile64 = 40, NR_copy_file_range = 326 };
+#define SYSCALL_NR(regs) ((regs)->orig_ax)
+#define SYSCALL_ARGS(regs) { (regs)->di, (regs)->si, (regs)->dx, (regs)->r10, (regs)->r8 }
+#define SYS_COPY_FILE_RANGE "__x64_sys_copy_file_range"
+#elif defined(__TARGET_ARCH_arm64)
+enum { NR_read = 63, NR_write = 64, NR_readv = 65, NR_writev = 66, NR_pread64 = 67,
+       NR_pwrite64 = 68, NR_preadv = 69, NR_pwritev = 70, NR_preadv2 = 286,
+       NR_pwritev2 = 287, NR_sendfile64 = 71, NR_copy_file_range = 285 };
+#define SYSCALL_NR(regs) ((regs)->syscallno)
+#define SYSCALL_ARGS(regs) { (regs)->orig_x0, (regs)->regs[1], (regs)->regs[2],     \
+			     (regs)->regs[3], (regs)->regs[4] }
+#define SYS_COPY_FILE_RANGE "__arm64_sys_copy_file_range"
+#endif
+
+extern _Bool LINUX_HAS_SYSCALL_WRAPPER __kconfig;
+
+/* Where an entry program finds the syscall's arguments. */
+enum args_at {
+	AT_TRACEPOINT,	/* syscalls:sys_enter_*: ctx->args[] */
+	AT_REGS,	/* the user registers, a BTF pointer: direct loads */
+	AT_KSYSCALL,	/* a kprobe on the syscall: its own registers */
+	AT_WRAPPED,	/* a kprobe on the syscall's wrapper: the user registers behind
+			 * its argument, read with helpers (as libbpf's BPF_KSYSCALL) */
+	AT_FENTRY,	/* a kernel function that takes the syscall's arguments in order
+			 * (do_sendfile's offset pointer is the kernel's copy) */
 };
+
+/* ctx->args[n] with a literal index: args is a CO-RE access (vmlinux.h), and an index
+ * computed from its relocated offset would move the context pointer, which the verifier
+ * refuses. */
+static __always_inline unsigned long tp_arg(struct trace_event_raw_sys_enter *ctx, int n)
+{
+	switch (n) {
+	case 0: return ctx->args[0];
+	case 1: return ctx->args[1];
+	case 2: return ctx->args[2];
+	case 3: return ctx->args[3];
+	default: return ctx->args[4];
+	}
+}
+
+/* Argument n (0: the first) of the syscall. */
+static __always_inline unsigned long sys_arg(enum args_at at, void *ctx, int n)
+{
+	struct pt_regs *regs = ctx;
+
+	switch (at) {
+	case AT_TRACEPOINT:
+		return tp_arg(ctx, n);
+	case AT_FENTRY:
+		return ((unsigned long long *)ctx)[n];
+	case AT_REGS: {
+#ifdef SYSCALL_NR
+		unsigned long args[5] = SYSCALL_ARGS(regs);
+
+		return args[n];
+#else
+		return 0;
+#endif
+	}
+	case AT_KSYSCALL:
+		switch (n) {
+		case 0: return PT_REGS_PARM1_SYSCALL(regs);
+		case 1: return PT_REGS_PARM2_SYSCALL(regs);
+		case 2: return PT_REGS_PARM3_SYSCALL(regs);
+		case 3: return PT_REGS_PARM4_SYSCALL(regs);
+		default: return PT_REGS_PARM5_SYSCALL(regs);
+		}
+	case AT_WRAPPED:
+		switch (n) {
+		case 0: return PT_REGS_PARM1_CORE_SYSCALL(regs);
+		case 1: return PT_REGS_PARM2_CORE_SYSCALL(regs);
+		case 2: return PT_REGS_PARM3_CORE_SYSCALL(regs);
+		case 3: return PT_REGS_PARM4_CORE_SYSCALL(regs);
+		default: return PT_REGS_PARM5_CORE_SYSCALL(regs);
+		}
+	}
+	return 0;
+}
+
+/* The start of a syscall of this kind (0: not one of ours). */
+static __always_inline void enter_sys(__u8 kind, enum args_at at, void *ctx)
+{
+	unsigned long count;
+	__s64 pos = -1;
+
+	if (!kind)
+		return;
+#define ARG(n) sys_arg(at, ctx, n)
+	if (kind & K_SENDFILE) {
+		enter_copy((int)ARG(1), read_pos((const loff_t *)ARG(2), at != AT_FENTRY),
+			   (int)ARG(0), -1, ARG(3));
+		return;
+	}
+	if (kind & K_COPY) {
+		enter_copy((int)ARG(0), read_pos((const loff_t *)ARG(1), true), (int)ARG(2),
+			   read_pos((const loff_t *)ARG(3), true), ARG(4));
+		return;
+	}
+	count = ARG(2);
+	if (kind & K_POS)
+		pos = (__s64)ARG(3);
+	enter_fd((int)ARG(0), (kind & K_WRITE) ? IO_OP_WRITE : IO_OP_READ,
+		 (kind & K_VEC) ? iov_bytes((const struct iovec *)ARG(1), count) : count, pos);
+#undef ARG
+}
+
+/* ---- tracepoint strategy: syscalls:sys_enter_* / sys_exit_* ------------------------ */
+
+#define TRACEPOINT(name, kind)                                              \
+	SEC("tracepoint/syscalls/sys_enter_" #name)                         \
+	int tp_enter_##name(struct trace_event_raw_sys_enter *ctx)          \
+	{                                                                   \
+		enter_sys(kind, AT_TRACEPOINT, ctx);                        \
+		return 0;                                                   \
+	}                                                                   \
+	SEC("tracepoint/syscalls/sys_exit_" #name)                          \
+	int tp_exit_##name(struct trace_event_raw_sys_exit *ctx)            \
+	{                                                                   \
+		finish_op(ctx->ret);                                        \
+		return 0;                                                   \
+	}
+
+IO_SYSCALLS(TRACEPOINT)
+
+/* ---- kprobe strategy: the syscalls through their wrappers (ksyscall) -----------------
+ * Where kprobes work but trampolines do not: libbpf's ksyscall finds the architecture's
+ * wrapper; the user's arguments, and the real fd, come with it. */
+
+#define KSYSCALL(name, kind)                                                \
+	SEC("ksyscall/" #name)                                              \
+	int ks_##name(struct pt_regs *ctx)                                  \
+	{                                                                   \
+		if (LINUX_HAS_SYSCALL_WRAPPER)                              \
+			enter_sys(kind, AT_WRAPPED, (void *)PT_REGS_PARM1(ctx)); \
+		else                                                        \
+			enter_sys(kind, AT_KSYSCALL, ctx);                  \
+		return 0;                                                   \
+	}                                                                   \
+	SEC("kretsyscall/" #name)                                           \
+	int BPF_KRETPROBE(kr_##name, long ret)                              \
+	{                                                                   \
+		finish_op(ret);                                             \
+		return 0;                                                   \
+	}
+
+IO_SYSCALLS(KSYSCALL)
+
+#ifdef SYSCALL_NR
+/* ---- raw syscall strategy: tp_btf sys_enter / sys_exit with an id filter -----------
+ * The filter: one load from a small table indexed by syscall id. */
+#define NR_TABLE 512
+#define KIND_AT_NR(name, kind) [NR_##name] = kind,
+
+static const __u8 sys_kind[NR_TABLE] = { IO_SYSCALLS(KIND_AT_NR) };
 
 static __always_inline __u8 kind_of(unsigned long id)
 {
@@ -789,29 +830,7 @@ static __always_inline __u8 kind_of(unsigned long id)
 SEC("tp_btf/sys_enter")
 int BPF_PROG(raw_enter, struct pt_regs *regs, long id)
 {
-	__u8 kind = kind_of(id);
-	unsigned long a1, a2;
-	__s64 pos = -1;
-
-	if (!kind)
-		return 0;
-	if (kind & K_SENDFILE) {
-		enter_copy((int)SYSCALL_ARG2(regs), user_pos((const loff_t *)SYSCALL_ARG3(regs)),
-			   (int)SYSCALL_ARG1(regs), -1, SYSCALL_ARG4(regs));
-		return 0;
-	}
-	if (kind & K_COPY) {
-		enter_copy((int)SYSCALL_ARG1(regs), user_pos((const loff_t *)SYSCALL_ARG2(regs)),
-			   (int)SYSCALL_ARG3(regs), user_pos((const loff_t *)SYSCALL_ARG4(regs)),
-			   SYSCALL_ARG5(regs));
-		return 0;
-	}
-	a1 = SYSCALL_ARG2(regs);
-	a2 = SYSCALL_ARG3(regs);
-	if (kind & K_POS)
-		pos = (__s64)SYSCALL_ARG4(regs);
-	enter_fd((int)SYSCALL_ARG1(regs), (kind & K_WRITE) ? IO_OP_WRITE : IO_OP_READ,
-		 (kind & K_VEC) ? iov_bytes((const struct iovec *)a1, a2) : a2, pos);
+	enter_sys(kind_of(id), AT_REGS, regs);
 	return 0;
 }
 
@@ -831,209 +850,40 @@ int BPF_PROG(raw_exit, struct pt_regs *regs, long ret)
  * vfs_writev and, unlike those, still have the fd, so events carry the real fd as on the
  * tracepoint path. vfs_iter_read/vfs_iter_write are not hooked: only kernel users call
  * them (the loop device's worker, overlayfs, nfsd), and under overlayfs they would count
- * a user's read twice. A trampoline costs less than a syscall tracepoint. */
+ * a user's read twice. A trampoline costs less than a syscall tracepoint.
+ *
+ * FENTRY_AT(name, hook, syscall, at, nargs): fentry_NAME and fexit_NAME on the kernel
+ * function HOOK, a SYSCALL's body, with its arguments AT; fexit reads the return value
+ * after the function's NARGS arguments. FENTRY: a function taking the syscall's. */
 
-#define FX_PLAIN(fn, op)                                                    \
-	SEC("fentry/" #fn)                                                  \
-	int BPF_PROG(fentry_##fn, unsigned int fd, char *buf, size_t count) \
+#define FENTRY_AT(name, hook, syscall, at, nargs)                           \
+	SEC("fentry/" hook)                                                 \
+	int fentry_##name(unsigned long long *ctx)                          \
 	{                                                                   \
-		enter_fd((int)fd, op, count, -1);                           \
+		enter_sys(KIND_##syscall, at, at == AT_REGS ? (void *)ctx[0] : ctx); \
 		return 0;                                                   \
 	}                                                                   \
-	SEC("fexit/" #fn)                                                   \
-	int BPF_PROG(fexit_##fn, unsigned int fd, char *buf, size_t count, long ret) \
+	SEC("fexit/" hook)                                                  \
+	int fexit_##name(unsigned long long *ctx)                           \
 	{                                                                   \
-		finish_op(ret);                                             \
+		finish_op((long)ctx[nargs]);                                \
 		return 0;                                                   \
 	}
+#define FENTRY(fn, syscall, nargs) FENTRY_AT(fn, #fn, syscall, AT_FENTRY, nargs)
 
-#define FX_POS(fn, op)                                                      \
-	SEC("fentry/" #fn)                                                  \
-	int BPF_PROG(fentry_##fn, unsigned int fd, char *buf, size_t count, loff_t pos) \
-	{                                                                   \
-		enter_fd((int)fd, op, count, pos);                          \
-		return 0;                                                   \
-	}                                                                   \
-	SEC("fexit/" #fn)                                                   \
-	int BPF_PROG(fexit_##fn, unsigned int fd, char *buf, size_t count, loff_t pos, \
-		     long ret)                                              \
-	{                                                                   \
-		finish_op(ret);                                             \
-		return 0;                                                   \
-	}
-
-#define FX_VEC(fn, op)                                                      \
-	SEC("fentry/" #fn)                                                  \
-	int BPF_PROG(fentry_##fn, unsigned long fd, const struct iovec *vec, \
-		     unsigned long vlen)                                    \
-	{                                                                   \
-		enter_fd((int)fd, op, iov_bytes(vec, vlen), -1);            \
-		return 0;                                                   \
-	}                                                                   \
-	SEC("fexit/" #fn)                                                   \
-	int BPF_PROG(fexit_##fn, unsigned long fd, const struct iovec *vec, \
-		     unsigned long vlen, rwf_t flags, long ret)             \
-	{                                                                   \
-		finish_op(ret);                                             \
-		return 0;                                                   \
-	}
-
-/* do_preadv(fd, vec, vlen, pos, flags): pos -1 (preadv2) is the file's own offset. */
-#define FX_VECPOS(fn, op)                                                   \
-	SEC("fentry/" #fn)                                                  \
-	int BPF_PROG(fentry_##fn, unsigned long fd, const struct iovec *vec, \
-		     unsigned long vlen, loff_t pos)                        \
-	{                                                                   \
-		enter_fd((int)fd, op, iov_bytes(vec, vlen), pos);           \
-		return 0;                                                   \
-	}                                                                   \
-	SEC("fexit/" #fn)                                                   \
-	int BPF_PROG(fexit_##fn, unsigned long fd, const struct iovec *vec, \
-		     unsigned long vlen, loff_t pos, rwf_t flags, long ret) \
-	{                                                                   \
-		finish_op(ret);                                             \
-		return 0;                                                   \
-	}
-
-FX_PLAIN(ksys_read, IO_OP_READ)
-FX_PLAIN(ksys_write, IO_OP_WRITE)
-FX_POS(ksys_pread64, IO_OP_READ)
-FX_POS(ksys_pwrite64, IO_OP_WRITE)
-FX_VEC(do_readv, IO_OP_READ)
-FX_VEC(do_writev, IO_OP_WRITE)
-FX_VECPOS(do_preadv, IO_OP_READ)
-FX_VECPOS(do_pwritev, IO_OP_WRITE)
-
-/* do_sendfile(out_fd, in_fd, loff_t *ppos, count, max): ppos is a kernel copy. */
-SEC("fentry/do_sendfile")
-int BPF_PROG(fentry_do_sendfile, int out_fd, int in_fd, loff_t *ppos, size_t count)
-{
-	loff_t pos = -1;
-
-	if (ppos && bpf_probe_read_kernel(&pos, sizeof(pos), ppos))
-		pos = -1;
-	enter_copy(in_fd, pos, out_fd, -1, count);
-	return 0;
-}
-
-SEC("fexit/do_sendfile")
-int BPF_PROG(fexit_do_sendfile, int out_fd, int in_fd, loff_t *ppos, size_t count, loff_t max,
-	     long ret)
-{
-	finish_op(ret);
-	return 0;
-}
-
+FENTRY(ksys_read, read, 3)
+FENTRY(ksys_write, write, 3)
+FENTRY(ksys_pread64, pread64, 4)
+FENTRY(ksys_pwrite64, pwrite64, 4)
+FENTRY(do_readv, readv, 4)		/* fd, vec, vlen, flags */
+FENTRY(do_writev, writev, 4)
+FENTRY(do_preadv, preadv, 5)		/* fd, vec, vlen, pos, flags */
+FENTRY(do_pwritev, pwritev, 5)
+FENTRY(do_sendfile, sendfile64, 5)	/* out_fd, in_fd, ppos, count, max */
 #ifdef SYSCALL_NR
-/* copy_file_range has no fd-taking helper below the syscall: hook the syscall itself. */
-#if defined(__TARGET_ARCH_x86)
-#define SYS_COPY_FILE_RANGE "__x64_sys_copy_file_range"
-#else
-#define SYS_COPY_FILE_RANGE "__arm64_sys_copy_file_range"
+/* copy_file_range has no fd-taking helper below the syscall: hook the syscall itself,
+ * whose one argument is the user registers. */
+FENTRY_AT(copy_file_range, SYS_COPY_FILE_RANGE, copy_file_range, AT_REGS, 1)
 #endif
-
-SEC("fentry/" SYS_COPY_FILE_RANGE)
-int BPF_PROG(fentry_copy_file_range, const struct pt_regs *regs)
-{
-	enter_copy((int)SYSCALL_ARG1(regs), user_pos((const loff_t *)SYSCALL_ARG2(regs)),
-		   (int)SYSCALL_ARG3(regs), user_pos((const loff_t *)SYSCALL_ARG4(regs)),
-		   SYSCALL_ARG5(regs));
-	return 0;
-}
-
-SEC("fexit/" SYS_COPY_FILE_RANGE)
-int BPF_PROG(fexit_copy_file_range, const struct pt_regs *regs, long ret)
-{
-	finish_op(ret);
-	return 0;
-}
-#endif
-
-/* ---- kprobe strategy: the syscalls through their wrappers (ksyscall) -----------------
- * Where kprobes work but trampolines do not: libbpf's ksyscall finds the architecture's
- * wrapper and reads the user's arguments; the real fd comes with them. */
-
-#define KS_PLAIN(name, op)                                                  \
-	SEC("ksyscall/" #name)                                              \
-	int BPF_KSYSCALL(ks_##name, unsigned int fd, char *buf, size_t count) \
-	{                                                                   \
-		enter_fd((int)fd, op, count, -1);                           \
-		return 0;                                                   \
-	}                                                                   \
-	SEC("kretsyscall/" #name)                                           \
-	int BPF_KRETPROBE(kr_##name, long ret)                              \
-	{                                                                   \
-		finish_op(ret);                                             \
-		return 0;                                                   \
-	}
-
-#define KS_POS(name, op)                                                    \
-	SEC("ksyscall/" #name)                                              \
-	int BPF_KSYSCALL(ks_##name, unsigned int fd, char *buf, size_t count, loff_t pos) \
-	{                                                                   \
-		enter_fd((int)fd, op, count, pos);                          \
-		return 0;                                                   \
-	}                                                                   \
-	SEC("kretsyscall/" #name)                                           \
-	int BPF_KRETPROBE(kr_##name, long ret)                              \
-	{                                                                   \
-		finish_op(ret);                                             \
-		return 0;                                                   \
-	}
-
-#define KS_VEC(name, op, posarg)                                            \
-	SEC("ksyscall/" #name)                                              \
-	int BPF_KSYSCALL(ks_##name, unsigned long fd, const struct iovec *vec, \
-			 unsigned long vlen, long pos_l)                    \
-	{                                                                   \
-		enter_fd((int)fd, op, iov_bytes(vec, vlen), posarg);        \
-		return 0;                                                   \
-	}                                                                   \
-	SEC("kretsyscall/" #name)                                           \
-	int BPF_KRETPROBE(kr_##name, long ret)                              \
-	{                                                                   \
-		finish_op(ret);                                             \
-		return 0;                                                   \
-	}
-
-KS_PLAIN(read, IO_OP_READ)
-KS_PLAIN(write, IO_OP_WRITE)
-KS_POS(pread64, IO_OP_READ)
-KS_POS(pwrite64, IO_OP_WRITE)
-KS_VEC(readv, IO_OP_READ, -1)
-KS_VEC(writev, IO_OP_WRITE, -1)
-KS_VEC(preadv, IO_OP_READ, pos_l)
-KS_VEC(preadv2, IO_OP_READ, pos_l)
-KS_VEC(pwritev, IO_OP_WRITE, pos_l)
-KS_VEC(pwritev2, IO_OP_WRITE, pos_l)
-
-SEC("ksyscall/sendfile64")
-int BPF_KSYSCALL(ks_sendfile64, int out_fd, int in_fd, loff_t *offset, size_t count)
-{
-	enter_copy(in_fd, user_pos(offset), out_fd, -1, count);
-	return 0;
-}
-
-SEC("kretsyscall/sendfile64")
-int BPF_KRETPROBE(kr_sendfile64, long ret)
-{
-	finish_op(ret);
-	return 0;
-}
-
-SEC("ksyscall/copy_file_range")
-int BPF_KSYSCALL(ks_copy_file_range, int fd_in, loff_t *off_in, int fd_out, loff_t *off_out,
-		 size_t len)
-{
-	enter_copy(fd_in, user_pos(off_in), fd_out, user_pos(off_out), len);
-	return 0;
-}
-
-SEC("kretsyscall/copy_file_range")
-int BPF_KRETPROBE(kr_copy_file_range, long ret)
-{
-	finish_op(ret);
-	return 0;
-}
 
 char LICENSE[] SEC("license") = "GPL";

@@ -36,63 +36,22 @@ const volatile __u64 tail_ns = 8000;		/* the tail threshold */
 const volatile bool per_process = false;	/* -P */
 const volatile __u32 filter_pid = 0;		/* -p: thread group id, 0 = all */
 
-/* Each thread's fault in progress, in the slot tid % the array's size (user space
- * sizes it to pid_max when it can, so live threads never share a slot): an array
- * lookup is a few inlined instructions, no hashing. The slot keeps the tid it belongs
- * to; a thread that finds another's tid there takes the slot over (counted). */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 32768);	/* a power of two: resized before load */
-	__type(key, __u32);
-	__type(value, struct memlat_start);
-} starts SEC(".maps");
-
-const volatile __u32 starts_mask = 32768 - 1;	/* max_entries of starts - 1 */
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 10240);
-	__type(key, struct memlat_key);
-	__type(value, struct memlat_hist);
-} hists SEC(".maps");
-
+/* Each thread's fault in progress, in its slot (THREAD_SLOTS). The slot keeps the tid
+ * it belongs to; a thread that finds another's tid there takes the slot over
+ * (counted). */
+THREAD_SLOTS(starts, struct memlat_start);
+MAP_DEF(hists, BPF_MAP_TYPE_PERCPU_HASH, struct memlat_key, struct memlat_hist, 10240);
 /* Without -P: one histogram per kind, indexed by enum memlat_kind (no hashing). */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 2);
-	__type(key, __u32);
-	__type(value, struct memlat_hist);
-} totals SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct memlat_counters);
-} counters SEC(".maps");
+MAP_DEF(totals, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct memlat_hist, 2);
+MAP_DEF(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct memlat_counters, 1);
 
 static const struct memlat_hist zero_hist;
 
-static __always_inline struct memlat_counters *cnt(void)
-{
-	__u32 zero = 0;
+#define COUNT(field) COUNT_ATOMIC(&counters, struct memlat_counters, field)
 
-	return bpf_map_lookup_elem(&counters, &zero);
-}
-
-#define COUNT(field)                                        \
-	do {                                                \
-		struct memlat_counters *c = cnt();          \
-		if (c)                                      \
-			__sync_fetch_and_add(&c->field, 1); \
-	} while (0)
-
-/* The slot of thread tid (never NULL: the index is masked into the array). */
 static __always_inline struct memlat_start *slot_of(__u32 tid)
 {
-	__u32 idx = tid & starts_mask;
-
-	return bpf_map_lookup_elem(&starts, &idx);
+	return thread_slot(&starts, starts_mask, tid);
 }
 
 /* A fault starts in this thread. A thread keeps its slot between faults (ts_ns 0 when
@@ -144,18 +103,6 @@ static __always_inline struct memlat_start *open_fault(void)
 	return st;
 }
 
-/* A latency in the histogram's unit: nsecs as they are; usecs by a multiply and a
- * shift instead of a division: 274877907 = ceil(2^38 / 1000) is exact for every
- * ns < 2^38 / 56 (56 = 274877907 * 1000 - 2^38), so for all below 2^32 ns (4.3 s). */
-static __always_inline __u64 in_units(__u64 ns)
-{
-	if (latency_unit_ns == 1)
-		return ns;
-	if (latency_unit_ns == 1000 && ns < (1ULL << 32))
-		return (ns * 274877907ULL) >> 38;
-	return ns / latency_unit_ns;
-}
-
 /* The fault of this thread finished: account it as `kind`. */
 static __always_inline void fault_end(struct memlat_start *st, enum memlat_kind kind)
 {
@@ -180,12 +127,9 @@ static __always_inline void fault_end(struct memlat_start *st, enum memlat_kind 
 	 * from nesting by the kernel; faults do not run handle_mm_fault in interrupts):
 	 * plain adds are exact and cheaper than atomics. The faults matched are the sum
 	 * of the slots (plus hists_full): no counter of their own. */
-	h->slots[hist_slot(in_units(delta), MEMLAT_MAX_SLOTS)]++;
-	h->sum_ns += delta;
+	LATENCY_ADD(h, delta, latency_unit_ns, MEMLAT_MAX_SLOTS);
 	if (delta >= tail_ns)
 		h->tail++;
-	if (delta > h->max_ns)
-		h->max_ns = delta;
 }
 
 /* Exit seen as a perf software event: the kind is the event's. */
@@ -247,14 +191,30 @@ int tp_thread_exit(void *ctx)
 	return 0;
 }
 
-/* ---- fentry/fexit --------------------------------------------------------------- */
+/* ---- entries: fentry, kprobe, and the page-fault tracepoints ---------------------- */
 
-SEC("fentry/handle_mm_fault")
-int BPF_PROG(fentry_fault, struct vm_area_struct *vma, unsigned long address, unsigned int flags)
-{
-	fault_start(flags);
-	return 0;
-}
+/* Every entry program is this body: a fault starts, with handle_mm_fault's flags
+ * where the hook has them. `proto` is the program's signature. */
+#define FAULT_ENTRY(sec, proto, flags)						\
+	SEC(sec)								\
+	int proto								\
+	{									\
+		fault_start(flags);						\
+		return 0;							\
+	}
+
+FAULT_ENTRY("fentry/handle_mm_fault",
+	    BPF_PROG(fentry_fault, struct vm_area_struct *vma, unsigned long address,
+		     unsigned int flags), flags)
+FAULT_ENTRY("kprobe/handle_mm_fault",
+	    BPF_KPROBE(kprobe_fault, struct vm_area_struct *vma, unsigned long address,
+		       unsigned int flags), flags)
+FAULT_ENTRY("tp_btf/page_fault_user", BPF_PROG(btf_fault_user), 0)
+FAULT_ENTRY("tp_btf/page_fault_kernel", BPF_PROG(btf_fault_kernel), 0)
+FAULT_ENTRY("tracepoint/exceptions/page_fault_user", tp_fault_user(void *ctx), 0)
+FAULT_ENTRY("tracepoint/exceptions/page_fault_kernel", tp_fault_kernel(void *ctx), 0)
+
+/* ---- exits: fexit, kretprobe (the return value), perf events (the kind) ---------- */
 
 SEC("fexit/handle_mm_fault")
 int BPF_PROG(fexit_fault, struct vm_area_struct *vma, unsigned long address, unsigned int flags,
@@ -264,49 +224,10 @@ int BPF_PROG(fexit_fault, struct vm_area_struct *vma, unsigned long address, uns
 	return 0;
 }
 
-/* ---- kprobe/kretprobe ----------------------------------------------------------- */
-
-SEC("kprobe/handle_mm_fault")
-int BPF_KPROBE(kprobe_fault, struct vm_area_struct *vma, unsigned long address, unsigned int flags)
-{
-	fault_start(flags);
-	return 0;
-}
-
 SEC("kretprobe/handle_mm_fault")
 int BPF_KRETPROBE(kretprobe_fault, vm_fault_t ret)
 {
 	ret_exit(ret);
-	return 0;
-}
-
-/* ---- tracepoint entry + perf_event exit ----------------------------------------- */
-
-SEC("tp_btf/page_fault_user")
-int BPF_PROG(btf_fault_user)
-{
-	fault_start(0);
-	return 0;
-}
-
-SEC("tp_btf/page_fault_kernel")
-int BPF_PROG(btf_fault_kernel)
-{
-	fault_start(0);
-	return 0;
-}
-
-SEC("tracepoint/exceptions/page_fault_user")
-int tp_fault_user(void *ctx)
-{
-	fault_start(0);
-	return 0;
-}
-
-SEC("tracepoint/exceptions/page_fault_kernel")
-int tp_fault_kernel(void *ctx)
-{
-	fault_start(0);
 	return 0;
 }
 

@@ -23,57 +23,23 @@ const volatile __u64 latency_unit_ns = 1000;	/* slots of usecs (or msecs with -m
 const volatile bool per_process = false;	/* -P */
 const volatile __u32 filter_pid = 0;		/* -p: tgid (tp_btf) or tid (tracepoint) */
 
-/* When each thread became runnable (0: not waiting), in the slot tid % the array's
- * size (user space sizes it to pid_max when it can, so live threads never share a
- * slot): an array lookup is a few inlined instructions, no hashing. A thread keeps
- * its slot; the slot keeps the tid it belongs to, and a thread that finds another's
- * tid there takes it over (that one's wait is then not matched). */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 32768);	/* a power of two: resized before load */
-	__type(key, __u32);
-	__type(value, struct runqlat_start);
-} start SEC(".maps");
-
-const volatile __u32 starts_mask = 32768 - 1;	/* max_entries of start - 1 */
-
+/* When each thread became runnable (0: not waiting), in its slot (THREAD_SLOTS). A
+ * thread keeps its slot; the slot keeps the tid it belongs to, and a thread that finds
+ * another's tid there takes it over (that one's wait is then not matched). */
+THREAD_SLOTS(starts, struct runqlat_start);
 /* Without -P: the one histogram, in a per-CPU array (no hashing). */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct runqlat_hist);
-} totals SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 10240);
-	__type(key, struct runqlat_key);
-	__type(value, struct runqlat_hist);
-} hists SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct runqlat_counters);
-} counters SEC(".maps");
+MAP_DEF(totals, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct runqlat_hist, 1);
+MAP_DEF(hists, BPF_MAP_TYPE_PERCPU_HASH, struct runqlat_key, struct runqlat_hist, 10240);
+MAP_DEF(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct runqlat_counters, 1);
 
 static const struct runqlat_hist zero_hist;
 
-#define COUNT(field)                                                        \
-	do {                                                                \
-		__u32 zero = 0;                                             \
-		struct runqlat_counters *c = bpf_map_lookup_elem(&counters, &zero); \
-		if (c)                                                      \
-			c->field++;                                         \
-	} while (0)
+/* sched_switch and the wake-ups do not nest on a CPU (all run with interrupts off). */
+#define COUNT(field) COUNT_PLAIN(&counters, struct runqlat_counters, field)
 
 static __always_inline struct runqlat_start *slot_of(__u32 tid)
 {
-	__u32 idx = tid & starts_mask;
-
-	return bpf_map_lookup_elem(&start, &idx);
+	return thread_slot(&starts, starts_mask, tid);
 }
 
 static __always_inline void enqueue(__u32 tid, __u32 tgid, __u64 now)
@@ -95,7 +61,6 @@ static __always_inline void switched_in(__u32 tid, __u32 tgid, const char *comm,
 	struct runqlat_start *st;
 	struct runqlat_key key = {};
 	struct runqlat_hist *h;
-	__u32 zero = 0;
 	__u64 delta;
 
 	if (filter_pid && tgid != filter_pid)
@@ -111,34 +76,31 @@ static __always_inline void switched_in(__u32 tid, __u32 tgid, const char *comm,
 		bpf_probe_read_kernel_str(key.comm, sizeof(key.comm), comm);
 		h = lookup_or_init(&hists, &key, &zero_hist);
 	} else {
-		h = bpf_map_lookup_elem(&totals, &zero);
+		h = first_value(&totals);
 	}
 	if (!h) {
 		COUNT(hists_full);
 		return;
 	}
 	/* Per-CPU value, and sched_switch cannot nest on a CPU: plain adds are exact. */
-	h->slots[hist_slot(delta / latency_unit_ns, RUNQLAT_MAX_SLOTS)]++;
-	h->sum_ns += delta;
-	if (delta > h->max_ns)
-		h->max_ns = delta;
+	LATENCY_ADD(h, delta, latency_unit_ns, RUNQLAT_MAX_SLOTS);
 }
 
 /* ---- tp_btf ------------------------------------------------------------------------ */
 
-SEC("tp_btf/sched_wakeup")
-int BPF_PROG(btf_wakeup, struct task_struct *p)
-{
-	enqueue(p->pid, p->tgid, bpf_ktime_get_ns());
-	return 0;
-}
+/* A wake-up, of a task or a new one: the task starts waiting. Every wake-up program
+ * is this body; `proto` is its signature, `tid` and `tgid` read from it. */
+#define WAKEUP(sec, proto, tid, tgid)						\
+	SEC(sec)								\
+	int proto								\
+	{									\
+		enqueue(tid, tgid, bpf_ktime_get_ns());				\
+		return 0;							\
+	}
 
-SEC("tp_btf/sched_wakeup_new")
-int BPF_PROG(btf_wakeup_new, struct task_struct *p)
-{
-	enqueue(p->pid, p->tgid, bpf_ktime_get_ns());
-	return 0;
-}
+WAKEUP("tp_btf/sched_wakeup", BPF_PROG(btf_wakeup, struct task_struct *p), p->pid, p->tgid)
+WAKEUP("tp_btf/sched_wakeup_new", BPF_PROG(btf_wakeup_new, struct task_struct *p), p->pid,
+       p->tgid)
 
 SEC("tp_btf/sched_switch")
 int BPF_PROG(btf_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
@@ -155,19 +117,10 @@ int BPF_PROG(btf_switch, bool preempt, struct task_struct *prev, struct task_str
 
 /* ---- plain tracepoints: TIDs only ---------------------------------------------------- */
 
-SEC("tracepoint/sched/sched_wakeup")
-int tp_wakeup(struct trace_event_raw_sched_wakeup_template *ctx)
-{
-	enqueue(ctx->pid, ctx->pid, bpf_ktime_get_ns());
-	return 0;
-}
-
-SEC("tracepoint/sched/sched_wakeup_new")
-int tp_wakeup_new(struct trace_event_raw_sched_wakeup_template *ctx)
-{
-	enqueue(ctx->pid, ctx->pid, bpf_ktime_get_ns());
-	return 0;
-}
+WAKEUP("tracepoint/sched/sched_wakeup",
+       tp_wakeup(struct trace_event_raw_sched_wakeup_template *ctx), ctx->pid, ctx->pid)
+WAKEUP("tracepoint/sched/sched_wakeup_new",
+       tp_wakeup_new(struct trace_event_raw_sched_wakeup_template *ctx), ctx->pid, ctx->pid)
 
 SEC("tracepoint/sched/sched_switch")
 int tp_switch(struct trace_event_raw_sched_switch *ctx)

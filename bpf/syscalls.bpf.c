@@ -37,12 +37,7 @@ const volatile char comm_pat[SYSCALLS_COMM_LEN] = {};
 
 __u64 next_index = 0;
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, SYSCALLS_MAX_NR);
-	__type(key, __u32);
-	__type(value, struct syscalls_meta);
-} sc_meta SEC(".maps");
+MAP_DEF(sc_meta, BPF_MAP_TYPE_ARRAY, __u32, struct syscalls_meta, SYSCALLS_MAX_NR);
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -80,32 +75,14 @@ struct pid_memo {
 	__u32 pad;
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct pid_memo);
-} pid_memo SEC(".maps");
+MAP_DEF(pid_memo, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct pid_memo, 1);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct syscalls_counters);
-} counters SEC(".maps");
+MAP_DEF(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct syscalls_counters, 1);
 
 /* The record being built: entry 0 for starts, 1 for ends. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 2);
-	__type(key, __u32);
-	__type(value, struct syscalls_buf);
-} bufs SEC(".maps");
+MAP_DEF(bufs, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct syscalls_buf, 2);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 24);
-} events SEC(".maps");
+RINGBUF_DEF(events, 1 << 24);
 
 EXPORT_RECORD(syscalls_event);
 

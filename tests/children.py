@@ -11,6 +11,6 @@ def reap(child: subprocess.Popen[Any]) -> None:
     if child.poll() is None:
         child.kill()
     child.wait()
-    for pipe in (child.stdin, child.stdout):
+    for pipe in (child.stdin, child.stdout, child.stderr):
         if pipe is not None:
             pipe.close()

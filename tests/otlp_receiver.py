@@ -76,22 +76,25 @@ def attrs(kvs: Any) -> dict[str, Any]:
     return {kv.key: value(kv.value) for kv in kvs if isinstance(kv, KeyValue)}
 
 
-class _Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
+class _Export:
+    """A gRPC service's Export: the request into `got`, then an empty `RESPONSE`."""
+
+    RESPONSE: Any
+
     def __init__(self, got: Received) -> None:
         self.got = got
 
     def Export(self, request: Any, context: Any) -> Any:
         self.got.add(request, dict(context.invocation_metadata()))
-        return metrics_service_pb2.ExportMetricsServiceResponse()
+        return self.RESPONSE()
 
 
-class _Logs(logs_service_pb2_grpc.LogsServiceServicer):
-    def __init__(self, got: Received) -> None:
-        self.got = got
+class _Metrics(_Export, metrics_service_pb2_grpc.MetricsServiceServicer):
+    RESPONSE = metrics_service_pb2.ExportMetricsServiceResponse
 
-    def Export(self, request: Any, context: Any) -> Any:
-        self.got.add(request, dict(context.invocation_metadata()))
-        return logs_service_pb2.ExportLogsServiceResponse()
+
+class _Logs(_Export, logs_service_pb2_grpc.LogsServiceServicer):
+    RESPONSE = logs_service_pb2.ExportLogsServiceResponse
 
 
 @contextmanager

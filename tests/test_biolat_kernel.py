@@ -11,17 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from children import reap
 from conftest import LoopDevice
 
-from meridian.tools.biolat import (
-    KIND_DEPTH,
-    KIND_LATENCY,
-    Biolat,
-    Options,
-    depth_rows,
-    device_rows,
-    slow_records,
-)
+from meridian.tools.biolat import Biolat, Options
+from meridian.tools.biolat.model import KIND_DEPTH, KIND_LATENCY, depth_rows, device_rows
+from meridian.tools.biolat.records import slow_records
 
 pytestmark = pytest.mark.kernel
 READS, WRITES = 2000, 500
@@ -38,6 +33,12 @@ def known_workload(loop: LoopDevice) -> tuple[int, int]:
     reader = dd(f"if={loop.path}", "of=/dev/null", "bs=4k", f"count={READS}", "iflag=direct")
     writer = dd("if=/dev/zero", f"of={loop.path}", "bs=64k", f"count={WRITES}", "oflag=direct")
     return reader, writer
+
+
+def interrupt(p: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """Ctrl-C for `p`: what it printed until it exited."""
+    p.send_signal(signal.SIGINT)
+    return p.communicate(timeout=timeout)
 
 
 def drain(tool: Biolat, want: int, timeout: float = 5.0) -> np.ndarray[Any, Any]:
@@ -134,12 +135,9 @@ def test_cli_json_interval_and_ctrl_c_summary(loop_device: LoopDevice) -> None:
     try:
         time.sleep(2.0)  # loaded and attached
         dd(f"if={loop_device.path}", "of=/dev/null", "bs=4k", "count=100", "iflag=direct")
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=20)
+        out, err = interrupt(p, 20)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        reap(p)
     assert p.returncode == 0, err
     report = json.loads(out.strip().splitlines()[-1])
     [dev] = report["devices"]
@@ -199,12 +197,9 @@ def test_counts_match_bpftrace_on_the_same_run(loop_device: LoopDevice) -> None:
             start = tool.snapshot()
             known_workload(loop_device)
             snap = tool.snapshot().since(start)
-        bt.send_signal(signal.SIGINT)
-        out, _ = bt.communicate(timeout=30)
+        out, _ = interrupt(bt, 30)
     finally:
-        if bt.poll() is None:
-            bt.kill()
-            bt.wait()
+        reap(bt)
     maps = dict(line.split(": ") for line in out.split("\n") if line.startswith("@"))
     rows = device_rows(snap, opts)
     assert int(maps["@n"]) == sum(r.count for r in rows) == READS + WRITES

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bpfbuild import compile_bpf
 
 from meridian.bpf import BpfObject, PerfEvent, object_path, open_per_cpu, probe
 from meridian.bpf.perf import online_cpus
 from meridian.errors import MapFull, NotSupported, VerifierError
 
 pytestmark = pytest.mark.kernel
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_hash_map_lookup_update_delete_iterate_batch() -> None:
@@ -105,22 +105,7 @@ char LICENSE[] SEC("license") = "GPL";
 def test_verifier_rejection_names_the_program_and_quotes_the_log(tmp_path: Path) -> None:
     src = tmp_path / "bad.bpf.c"
     src.write_text(BAD_PROG)
-    obj_path = tmp_path / "bad.bpf.o"
-    subprocess.run(
-        [
-            "clang",
-            "-g",
-            "-O2",
-            "-target",
-            "bpf",
-            f"-I{ROOT / 'build'}",
-            "-c",
-            str(src),
-            "-o",
-            str(obj_path),
-        ],
-        check=True,
-    )
+    obj_path = compile_bpf(src, tmp_path / "bad.bpf.o")
     with BpfObject(obj_path) as obj, pytest.raises(VerifierError) as info:
         obj.load()
     assert info.value.program == "reads_past_its_stack"
@@ -133,23 +118,21 @@ def test_without_privileges_the_tools_say_what_to_do() -> None:
         pytest.skip("setpriv not installed")
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    p = subprocess.run(
-        [*nobody, sys.executable, "-m", "meridian", "biolat", "1", "1"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+
+    def as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*nobody, sys.executable, "-m", "meridian", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+
+    p = as_nobody("biolat", "1", "1")
     assert p.returncode == 2
     assert "needs root or CAP_BPF+CAP_PERFMON" in p.stderr
     assert "Traceback" not in p.stderr
-    d = subprocess.run(
-        [*nobody, sys.executable, "-m", "meridian", "doctor"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    d = as_nobody("doctor")
     assert d.returncode == 1
     assert "nothing can run here" in d.stdout
 

@@ -14,6 +14,14 @@ def meridian(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def one_line_exit_2(p: subprocess.CompletedProcess[str], needle: str) -> None:
+    """What every tool does with bad input: one line naming it, exit 2, no traceback."""
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert needle in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -30,11 +38,7 @@ def meridian(*args: str) -> subprocess.CompletedProcess[str]:
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
-    p = meridian(*args)
-    assert p.returncode == 2, p.stderr
-    assert needle in p.stderr
-    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
-    assert "Traceback" not in p.stderr
+    one_line_exit_2(meridian(*args), needle)
 
 
 def test_help_ends_with_examples() -> None:

@@ -313,8 +313,8 @@ def test_sparse_le_buckets_keep_every_bound_around_non_empty_slots() -> None:
 
 
 def test_max_pids_caps_io_series_into_comm_then_other() -> None:
-    from meridian.tools.io import OpStats, PidSummary
-    from meridian.tools.io_metrics import capped, io_series
+    from meridian.tools.io.metrics import capped, io_series
+    from meridian.tools.io.model import OpStats, PidSummary
 
     def proc(pid: int, comm: str, nbytes: int) -> PidSummary:
         return PidSummary(pid, comm, {("read", True): OpStats(ops=1, bytes=nbytes)})

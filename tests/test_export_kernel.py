@@ -3,6 +3,7 @@ scraping `meridian io`, and real OTLP receivers taking its metrics and logs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
@@ -11,13 +12,16 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from children import reap
 from conftest import LoopDevice
 from otlp_receiver import Received, grpc_receiver, http_receiver
+
+from meridian.reporting import stop_child
 
 pytestmark = pytest.mark.kernel
 
@@ -47,7 +51,11 @@ class Child:
         self.p = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
-        assert self.p.stdout is not None and self.p.stdout.readline() == b"ready\n"
+        try:
+            assert self.p.stdout is not None and self.p.stdout.readline() == b"ready\n"
+        except BaseException:
+            reap(self.p)  # __exit__ will not run
+            raise
         self.pid = self.p.pid
 
     def go(self) -> None:
@@ -56,13 +64,11 @@ class Child:
         self.p.stdin.flush()
         assert self.p.stdout.readline() == b"done\n"
 
-    def close(self) -> None:
-        if self.p.poll() is None:
-            self.p.kill()
-        self.p.wait()
-        for f in (self.p.stdin, self.p.stdout):
-            if f is not None:
-                f.close()
+    def __enter__(self) -> Child:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        reap(self.p)
 
 
 def free_ports(n: int) -> list[int]:
@@ -91,6 +97,18 @@ def meridian(*args: str, stderr: Any = subprocess.PIPE) -> subprocess.Popen[str]
     )
 
 
+@contextlib.contextmanager
+def launched(*args: str) -> Iterator[subprocess.Popen[str]]:
+    """`meridian ARGS`, its stderr a pipe; stopped and the pipe closed at the end."""
+    proc = meridian(*args)
+    try:
+        yield proc
+    finally:
+        stop(proc)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
 def wait_attached(proc: subprocess.Popen[str]) -> None:
     """`-v` prints the strategy once the programs are attached."""
     assert proc.stderr is not None
@@ -101,13 +119,7 @@ def wait_attached(proc: subprocess.Popen[str]) -> None:
 
 
 def stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_child(proc, 60)
 
 
 def until(pred: Callable[[], bool], seconds: float = 30.0) -> bool:
@@ -143,9 +155,9 @@ def test_real_prometheus_scrapes_the_workload_bytes(tmp_path: Path) -> None:
         "  - job_name: meridian\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{mport}']}}]\n"
     )
-    child = Child(tmp_path)
     io = prom = None
     log = open(tmp_path / "prometheus.log", "w")  # noqa: SIM115 (closed in finally)
+    child = Child(tmp_path)
     try:
         io = meridian(
             *("io", "-v", "--no-events", "-p", str(child.pid)),
@@ -196,7 +208,7 @@ def test_real_prometheus_scrapes_the_workload_bytes(tmp_path: Path) -> None:
         if io is not None and io.stderr is not None:
             io.stderr.close()
         log.close()
-        child.close()
+        reap(child.p)
 
 
 def test_prometheus_port_in_use_is_one_line_exit_2() -> None:
@@ -252,29 +264,21 @@ def check_metrics(got: Received, pid: int) -> None:
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_otlp_receiver_gets_the_workload_metrics_and_logs(tmp_path: Path, protocol: str) -> None:
-    child = Child(tmp_path)
     recv = grpc_receiver() if protocol == "grpc" else http_receiver()
-    io = None
-    try:
-        with recv as (port, got):
-            io = meridian(
-                *("io", "-v", "-p", str(child.pid), "--otlp-logs"),
-                *("--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-protocol", protocol),
-                *("--otlp-interval", "0.5", "--otlp-header", "x-scope=meridian"),
-            )
+    with Child(tmp_path) as child, recv as (port, got):
+        with launched(
+            *("io", "-v", "-p", str(child.pid), "--otlp-logs"),
+            *("--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-protocol", protocol),
+            *("--otlp-interval", "0.5", "--otlp-header", "x-scope=meridian"),
+        ) as io:
             wait_attached(io)
             child.go()
             until(lambda: by_direction(got, "process.disk.io", child.pid, "as_int") != {})
             stop(io)
-            check_metrics(got, child.pid)
-            records = [r for r in got.log_records() if r.attributes]
-    finally:
-        if io is not None:
-            stop(io)
             assert io.stderr is not None
             err = io.stderr.read()
-            io.stderr.close()
-        child.close()
+        check_metrics(got, child.pid)
+        records = [r for r in got.log_records() if r.attributes]
     assert io.returncode == 0
     assert "OTLP" not in err
     assert all(h.get("x-scope") == "meridian" for h in got.headers)
@@ -289,14 +293,14 @@ def test_otlp_receiver_gets_the_workload_metrics_and_logs(tmp_path: Path, protoc
 
 
 def test_unreachable_otlp_endpoint_keeps_running_and_loses_nothing(tmp_path: Path) -> None:
-    child = Child(tmp_path)
     port = free_port()  # nothing listens there until the workload is over
-    io = None
-    try:
-        io = meridian(
+    with (
+        Child(tmp_path) as child,
+        launched(
             *("io", "--no-events", "-p", str(child.pid)),
             *("--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-interval", "0.5"),
-        )
+        ) as io,
+    ):
         assert io.stderr is not None
         said = io.stderr.readline()  # the first failed export: attached, and said once
         assert f"127.0.0.1:{port}" in said and "retrying" in said
@@ -308,12 +312,6 @@ def test_unreachable_otlp_endpoint_keeps_running_and_loses_nothing(tmp_path: Pat
             stop(io)
             check_metrics(got, child.pid)
         rest = io.stderr.read()
-    finally:
-        if io is not None:
-            stop(io)
-            if io.stderr is not None:
-                io.stderr.close()
-        child.close()
     assert io.returncode == 0
     assert "OTLP" not in rest and "Traceback" not in rest, rest
 
@@ -329,27 +327,20 @@ def scrape(port: int) -> list[Any]:
 
 
 def test_memlat_exports_its_histograms_on_prometheus_and_otlp() -> None:
-    from meridian.tools.memlat import page_toucher, run_toucher
+    from meridian.tools.memlat.validate import page_toucher, run_toucher
 
     pages = (64 << 20) // 4096
-    memlat = None
     with grpc_receiver() as (port, got), page_toucher(64) as child:
         mport = free_port()  # after the receiver bound its own
-        try:
-            memlat = meridian(
-                *("memlat", "-v", "-P", "-p", str(child.pid)),
-                *("--prometheus", f"127.0.0.1:{mport}"),
-                *("--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-interval", "0.5"),
-            )
+        with launched(
+            *("memlat", "-v", "-P", "-p", str(child.pid)),
+            *("--prometheus", f"127.0.0.1:{mport}"),
+            *("--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-interval", "0.5"),
+        ) as memlat:
             wait_attached(memlat)
             result = run_toucher(child)  # the child has exited when this returns
             samples = scrape(mport)
             stop(memlat)
-        finally:
-            if memlat is not None:
-                stop(memlat)
-                if memlat.stderr is not None:
-                    memlat.stderr.close()
     pid = result["pid"]
     assert result["pages"] == pages
     mine = [s for s in samples if s.labels.get("process_pid") == str(pid)]
@@ -397,21 +388,14 @@ def test_memlat_exports_its_histograms_on_prometheus_and_otlp() -> None:
 
 
 def test_runqlat_exports_its_histogram_over_otlp_http() -> None:
-    runq = None
     with http_receiver() as (port, got):
-        try:
-            runq = meridian(
-                *("runqlat", "-v", "--duration", "3"),
-                *("--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-protocol"),
-                *("http/protobuf", "--otlp-interval", "0.5"),
-            )
+        with launched(
+            *("runqlat", "-v", "--duration", "3"),
+            *("--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-protocol"),
+            *("http/protobuf", "--otlp-interval", "0.5"),
+        ) as runq:
             wait_attached(runq)
             assert runq.wait(60) == 0
-        finally:
-            if runq is not None:
-                stop(runq)
-                if runq.stderr is not None:
-                    runq.stderr.close()
         [(a, dp)] = got.latest_points("system.runqueue.duration")
     assert a == {}
     assert dp.count > 0 and sum(dp.bucket_counts) == dp.count
@@ -421,14 +405,12 @@ def test_runqlat_exports_its_histogram_over_otlp_http() -> None:
 
 
 def test_biolat_exports_per_disk_metrics_on_prometheus_and_otlp(loop_device: LoopDevice) -> None:
-    bio = None
     with grpc_receiver() as (port, got):
         mport = free_port()  # after the receiver bound its own
-        try:
-            bio = meridian(
-                *("biolat", "-v", "-d", loop_device.name, "--prometheus", f"127.0.0.1:{mport}"),
-                *("--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-interval", "0.5"),
-            )
+        with launched(
+            *("biolat", "-v", "-d", loop_device.name, "--prometheus", f"127.0.0.1:{mport}"),
+            *("--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-interval", "0.5"),
+        ) as bio:
             wait_attached(bio)
             dev = loop_device.path
             for args in (
@@ -438,11 +420,6 @@ def test_biolat_exports_per_disk_metrics_on_prometheus_and_otlp(loop_device: Loo
                 subprocess.run(["dd", *args, "status=none"], check=True, timeout=60)
             samples = scrape(mport)
             stop(bio)
-        finally:
-            if bio is not None:
-                stop(bio)
-                if bio.stderr is not None:
-                    bio.stderr.close()
     want_bytes = {"read": 100 * 4096, "write": 16 * 65536}
     want_ops = {"read": 100, "write": 16}
 

@@ -13,9 +13,10 @@ import pytest
 
 from meridian.bpf import BpfObject, object_path
 from meridian.errors import UsageError
-from meridian.tools import io_format
-from meridian.tools.io import EventFormatter, parse_pids, summarize
-from meridian.tools.io_format import CHUNK
+from meridian.tools.io import events as io_format
+from meridian.tools.io.cli import parse_pids
+from meridian.tools.io.events import CHUNK, EventFormatter
+from meridian.tools.io.model import summarize
 
 if not object_path("io").exists():
     pytest.skip("BPF objects not built (make bpf)", allow_module_level=True)
@@ -118,7 +119,7 @@ def test_cgroup_id_paths(tmp_path: Path) -> None:
     """--cgroup takes a directory under the cgroup2 mount or a /proc/PID/cgroup path;
     the id is the directory's inode and the depth counts components below the root."""
     from meridian.errors import UsageError
-    from meridian.tools.io import cgroup_id
+    from meridian.tools.io.cli import cgroup_id
 
     root = tmp_path / "cg2"
     leaf = root / "a" / "b"
@@ -260,7 +261,7 @@ def test_summary_names_the_process_start_as_ps_does() -> None:
     import subprocess
 
     from meridian.proc import proc_start
-    from meridian.tools.io import PidSummary
+    from meridian.tools.io.model import PidSummary
 
     start = proc_start(os.getpid())
     assert start is not None

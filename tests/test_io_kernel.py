@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -16,7 +17,9 @@ import pytest
 from children import reap
 from conftest import LoopDevice
 
-from meridian.tools.io import FileIO, Options, PidSummary, summarize
+from meridian.tools.io.kernel import FileIO
+from meridian.tools.io.model import PidSummary, summarize
+from meridian.tools.io.options import Options
 
 pytestmark = pytest.mark.kernel
 MiB = 1 << 20
@@ -168,21 +171,44 @@ def _end(p: subprocess.Popen[bytes]) -> None:
     p.stdout.close()
 
 
+@contextlib.contextmanager
+def _children(path: Path, *comms: str | None) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """One CHILD per comm (None: its own name), reaped at the end whatever happens."""
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        for comm in comms:
+            children.append(_child(path, comm))
+        yield children
+    finally:
+        for p in children:
+            reap(p)
+
+
+def _trace_pair(
+    opts: Options, traced: subprocess.Popen[bytes], other: subprocess.Popen[bytes]
+) -> tuple[np.ndarray[Any, Any], dict[int, PidSummary]]:
+    """Both children's workload under a filter that should let only `traced` through:
+    the events of `traced` and the summary of every process the kernel counted."""
+    with FileIO(opts) as tool:
+        _go(traced)
+        _go(other)
+        events = drain(tool, traced.pid, 3, timeout=2.0)
+        stats = summarize(*tool.stats())
+    _end(traced)
+    _end(other)
+    return events, stats
+
+
 def test_pid_filter_and_non_regular_files(tmp_path: Path) -> None:
     path = tmp_path / "small.bin"
     path.write_bytes(os.urandom(4096))
-    ours, other = _child(path), _child(path)
-    try:
-        with FileIO(Options(pids=[ours.pid])) as tool:
-            _go(ours)
-            _go(other)
-            _end(ours)
-            _end(other)
-            events = drain(tool, ours.pid, 3, timeout=2.0)
-            stats = summarize(*tool.stats())
-    finally:
-        for p in (ours, other):
-            reap(p)
+    with _children(path, None, None) as (ours, other), FileIO(Options(pids=[ours.pid])) as tool:
+        _go(ours)
+        _go(other)
+        _end(ours)
+        _end(other)
+        events = drain(tool, ours.pid, 3, timeout=2.0)
+        stats = summarize(*tool.stats())
     # Only the filtered PID, and only its three preads of the regular file: the pipe,
     # the socket, /dev/zero and the pipe to stdout produced nothing.
     assert set(stats) == {ours.pid}
@@ -247,27 +273,19 @@ def test_cli_events_with_paths_and_summary(tmp_path: Path) -> None:
 def test_cgroup_filter_in_the_kernel(tmp_path: Path) -> None:
     """--cgroup: a process moved into a test-made cgroup v2 (here a child of it) is
     traced; the same workload outside it is not."""
-    from meridian.tools.io import cgroup_id, cgroup_mounts
+    from meridian.tools.io.cli import cgroup_id, cgroup_mounts
 
     path = tmp_path / "cg.bin"
     path.write_bytes(os.urandom(4096))
     top = Path(cgroup_mounts()[0]) / f"meridian-test-{os.getpid()}"
     inner = top / "inner"
     inner.mkdir(parents=True)
-    inside, outside = _child(path), _child(path)
     try:
-        (inner / "cgroup.procs").write_text(f"{inside.pid}\n")
-        # The filter is the parent cgroup: processes in cgroups below it count too.
-        with FileIO(Options(cgroup=cgroup_id(str(top)))) as tool:
-            _go(inside)
-            _go(outside)
-            events = drain(tool, inside.pid, 3, timeout=2.0)
-            stats = summarize(*tool.stats())
-        _end(inside)
-        _end(outside)
+        with _children(path, None, None) as (inside, outside):
+            (inner / "cgroup.procs").write_text(f"{inside.pid}\n")
+            # The filter is the parent cgroup: processes in cgroups below it count too.
+            events, stats = _trace_pair(Options(cgroup=cgroup_id(str(top))), inside, outside)
     finally:
-        for p in (inside, outside):
-            reap(p)
         for d in (inner, top):
             if d.exists():
                 d.rmdir()
@@ -431,9 +449,7 @@ def test_block_requests_in_the_summary_and_retired_with_the_process(ext4: Path) 
         proc.terminate()
         out, err = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     assert proc.returncode == 0, err
     block = [json.loads(x) for x in out.splitlines() if '"type":"block"' in x.replace(" ", "")]
     mine = [b for b in block if b["pid"] == reader]
@@ -447,7 +463,7 @@ def test_kprobe_strategy_passes_the_verifier() -> None:
     """kprobes cannot attach on this kernel, but their programs load: the verifier
     accepts the kprobe path (ksyscall wrappers, real fds) as it is shipped."""
     from meridian.bpf import BpfObject, object_path
-    from meridian.tools.io import SIGNALS, STRATEGIES
+    from meridian.tools.io.kernel import SIGNALS, STRATEGIES
 
     kprobe = next(s for s in STRATEGIES if s.name == "kprobe")
     with BpfObject(object_path("io")) as obj:
@@ -483,18 +499,8 @@ def test_comm_filter_in_the_kernel(tmp_path: Path) -> None:
     """--comm: of two identical processes only the one with that name is traced."""
     path = tmp_path / "comm.bin"
     path.write_bytes(os.urandom(4096))
-    ours, other = _child(path, "meridian-comm"), _child(path)
-    try:
-        with FileIO(Options(comms=["meridian-comm"])) as tool:
-            _go(ours)
-            _go(other)
-            events = drain(tool, ours.pid, 3, timeout=2.0)
-            stats = summarize(*tool.stats())
-        _end(ours)
-        _end(other)
-    finally:
-        for p in (ours, other):
-            reap(p)
+    with _children(path, "meridian-comm", None) as (ours, other):
+        events, stats = _trace_pair(Options(comms=["meridian-comm"]), ours, other)
     assert set(stats) == {ours.pid}
     assert stats[ours.pid].comm == "meridian-comm"
     assert stats[ours.pid].total("read").ops == 3 and len(events) == 3

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from children import reap
 
-from meridian.tools.io import FileIO, Options, summarize
-from meridian.tools.io_table import PidTable, delete_keys
+from meridian.tools.io.kernel import FileIO
+from meridian.tools.io.model import summarize
+from meridian.tools.io.options import Options
+from meridian.tools.io.table import PidTable, delete_keys
 
 pytestmark = pytest.mark.kernel
 

@@ -12,20 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from children import reap
 
 from meridian.bpf import BpfObject, object_path
 from meridian.errors import NotSupported
-from meridian.tools.memlat import (
-    KINDS,
-    STRATEGIES,
-    Memlat,
-    Options,
-    page_toucher,
-    report_json,
-    run_options,
-    run_toucher,
-    validate,
-)
+from meridian.tools.memlat import STRATEGIES, Memlat, Options
+from meridian.tools.memlat.cli import run_options
+from meridian.tools.memlat.model import KINDS, Snapshot
+from meridian.tools.memlat.validate import page_toucher, run_toucher, validate
+from meridian.tools.memlat.views import report_json
 
 pytestmark = pytest.mark.kernel
 PAGES = (64 << 20) // 4096  # 16,384
@@ -112,6 +107,28 @@ def test_strategy_choice_and_every_program_compiled() -> None:
             assert Memlat(Options()).strategy.name in ("fentry", "kprobe")
 
 
+def faults_of(script: str, *args: str, ns: bool = False) -> tuple[str, Snapshot]:
+    """Run `python -c script args` under memlat -p (its PID): from its "ready" line
+    until the line it prints once told to go on. That line, and the interval."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdin is not None and child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        with Memlat(Options(pid=child.pid, ns=ns)) as tool:
+            before = tool.snapshot()
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            line = child.stdout.readline()
+            return line, tool.snapshot().since(before)
+    finally:
+        reap(child)
+
+
 BAD_WRITES = 100
 FAILING_CHILD = f"""
 import ctypes, mmap, os, sys
@@ -131,31 +148,12 @@ sys.stdin.readline()
 
 
 def test_failed_faults_are_counted_stale_exactly() -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", FAILING_CHILD],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdin is not None and child.stdout is not None
-        assert child.stdout.readline().strip() == "ready"
-        with Memlat(Options(pid=child.pid)) as tool:
-            before = tool.snapshot()
-            child.stdin.write("go\n")
-            child.stdin.flush()
-            assert child.stdout.readline().strip() == "done"
-            snap = tool.snapshot().since(before)
-        # Each failed fault is overwritten by the thread's next fault: one stale each.
-        assert snap.counters["stale"] == BAD_WRITES
-        assert snap.counters["unmatched"] == 0
-        assert snap.total("usecs").count >= 1
-    finally:
-        child.kill()
-        child.wait()
-        for f in (child.stdin, child.stdout):
-            if f:
-                f.close()
+    line, snap = faults_of(FAILING_CHILD)
+    assert line.strip() == "done"
+    # Each failed fault is overwritten by the thread's next fault: one stale each.
+    assert snap.counters["stale"] == BAD_WRITES
+    assert snap.counters["unmatched"] == 0
+    assert snap.total("usecs").count >= 1
 
 
 def test_output_file_gets_the_report(tmp_path: Path) -> None:
@@ -197,34 +195,14 @@ def test_major_faults_that_sleep_on_the_disk_are_measured(tmp_path: Path) -> Non
     data.write_bytes(os.urandom(MAJOR_PAGES * 4096))
     with open(data, "rb") as disk_file:
         os.fsync(disk_file.fileno())
-    child = subprocess.Popen(
-        [sys.executable, "-c", MAJOR_CHILD, str(data)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdin is not None and child.stdout is not None
-        assert child.stdout.readline().strip() == "ready"
-        opts = Options(pid=child.pid, ns=True)
-        with Memlat(opts) as tool:
-            before = tool.snapshot()
-            child.stdin.write("go\n")
-            child.stdin.flush()
-            result = json.loads(child.stdout.readline())
-            snap = tool.snapshot().since(before)
-        major = snap.total(opts.unit, kind=KINDS.index("major"))
-        assert result["majflt"] >= MAJOR_PAGES // 2, result  # the disk was read
-        assert major.count == result["majflt"], (major.count, result, snap.counters)
-        assert snap.counters["unmatched"] == 0
-        # A read from the disk takes longer than a minor fault: over 1 us each.
-        assert int(major.hist.slots[:10].sum()) == 0
-    finally:
-        child.kill()
-        child.wait()
-        for f in (child.stdin, child.stdout):
-            if f:
-                f.close()
+    line, snap = faults_of(MAJOR_CHILD, str(data), ns=True)
+    result = json.loads(line)
+    major = snap.total("nsecs", kind=KINDS.index("major"))
+    assert result["majflt"] >= MAJOR_PAGES // 2, result  # the disk was read
+    assert major.count == result["majflt"], (major.count, result, snap.counters)
+    assert snap.counters["unmatched"] == 0
+    # A read from the disk takes longer than a minor fault: over 1 us each.
+    assert int(major.hist.slots[:10].sum()) == 0
 
 
 EXITING_CHILD = """
@@ -249,26 +227,7 @@ sys.stdin.readline()
 
 
 def test_a_thread_that_exits_with_a_fault_open_is_counted() -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", EXITING_CHILD],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdin is not None and child.stdout is not None
-        assert child.stdout.readline().strip() == "ready"
-        with Memlat(Options(pid=child.pid)) as tool:
-            before = tool.snapshot()
-            child.stdin.write("go\n")
-            child.stdin.flush()
-            assert child.stdout.readline().strip() == "done"
-            snap = tool.snapshot().since(before)
-        assert snap.counters["exited"] == 1
-        assert snap.inflight == 0
-    finally:
-        child.kill()
-        child.wait()
-        for f in (child.stdin, child.stdout):
-            if f:
-                f.close()
+    line, snap = faults_of(EXITING_CHILD)
+    assert line.strip() == "done"
+    assert snap.counters["exited"] == 1
+    assert snap.inflight == 0

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from meridian.tools.runqlat import Options, Runqlat, spinners, validate
+from meridian.tools.runqlat import Options, Runqlat
+from meridian.tools.runqlat.validate import spinners, validate
 
 pytestmark = pytest.mark.kernel
 

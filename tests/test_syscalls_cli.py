@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from meridian.cli import main
-from meridian.syscalls import Syscall
-from meridian.syscalls.recording import Recorder
-from meridian.tools.syscalls import MAX_NR, meta_table, read_until_damage
+from meridian.tools.syscalls.kernel import MAX_NR, meta_table
+from meridian.tools.syscalls.record import Syscall
+from meridian.tools.syscalls.recording import Recorder, read_until_damage
 
 T0 = 1_700_000_000_000_000_000
 
@@ -136,7 +136,8 @@ def test_meta_table_positions() -> None:
 def test_plain_view_memory_is_bounded_and_pairs_across_trims() -> None:
     import io
 
-    from meridian.tools.syscalls import Options, Pipeline
+    from meridian.tools.syscalls.options import Options
+    from meridian.tools.syscalls.text import Pipeline
 
     out = io.StringIO()
     p = Pipeline(Options(max_rows=10), out)
@@ -170,7 +171,7 @@ def test_plain_view_memory_is_bounded_and_pairs_across_trims() -> None:
 
 def test_cgroup_must_be_a_cgroup2_directory(tmp_path: Path) -> None:
     from meridian.errors import UsageError
-    from meridian.tools.syscalls import cgroup_id
+    from meridian.tools.syscalls.cli import cgroup_id
 
     mounts = tmp_path / "mounts"
     cg = tmp_path / "cg"

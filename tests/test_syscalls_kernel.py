@@ -207,8 +207,11 @@ def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:
     pytest.importorskip("textual")
     import asyncio
 
-    from meridian.tools.syscalls import Capture, Launcher, Options, _CaptureFeed
-    from meridian.tools.syscalls_tui import SyscallsApp
+    from meridian.tools.syscalls.capture import CaptureFeed
+    from meridian.tools.syscalls.kernel import Capture
+    from meridian.tools.syscalls.launcher import Launcher
+    from meridian.tools.syscalls.options import Options
+    from meridian.tools.syscalls.tui import SyscallsApp
 
     tmp = tmp_path.resolve()
     src, missing, a = tmp / "input.txt", tmp / "missing.txt", tmp / "a"
@@ -219,7 +222,7 @@ def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:
     with Capture(Options(command=command)) as cap:
         launcher = Launcher(command)
         recorder = cap.recorder(str(rec), [], raw=True)
-        feed = _CaptureFeed(cap, recorder)  # a thread drains the ring into the recording
+        feed = CaptureFeed(cap, recorder)  # a thread drains the ring into the recording
         try:
             cap.add_pid(launcher.pid)
             app = SyscallsApp(feed, live=True, spill=str(rec))
@@ -246,7 +249,7 @@ def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:
             launcher.kill()
             recorder.close()
     # the raw recording the TUI made holds every event it showed
-    from meridian.syscalls.recording import read_events
+    from meridian.tools.syscalls.recording import read_events
 
     assert [sc.index for sc in read_events(rec)] == [sc.index for sc in app.agg.log]
 

@@ -10,23 +10,34 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from meridian.errors import UsageError
-from meridian.syscalls import Aggregator, CompactLog, FilteredLog, Log, Match, Syscall
-from meridian.syscalls.decode import decode_args, decode_result, open_flags, quote
-from meridian.syscalls.filters import (
+from meridian.tools.syscalls.compact import CompactLog
+from meridian.tools.syscalls.decode import decode_args, decode_result, open_flags, quote
+from meridian.tools.syscalls.filtered import FilteredLog
+from meridian.tools.syscalls.filters import (
     AllOf,
+    Match,
     PathFilter,
     PidFilter,
     ResultFilter,
     SyscallFilter,
     TextFilter,
 )
-from meridian.syscalls.fmt import compact_line, field_text, fmt_duration, fmt_time, full_line
-from meridian.syscalls.numbers import BY_NAME, FILE_SYSCALLS, NUMBERS, generate, resolve_names
-from meridian.syscalls.recording import Recorder, read_events
+from meridian.tools.syscalls.fmt import (
+    compact_line,
+    field_text,
+    fmt_duration,
+    fmt_time,
+    full_line,
+)
+from meridian.tools.syscalls.log import Aggregator, Log
+from meridian.tools.syscalls.numbers import BY_NAME, FILE_SYSCALLS, NUMBERS, generate, resolve_names
+from meridian.tools.syscalls.record import Syscall
+from meridian.tools.syscalls.recording import Recorder, read_events
 
 T0 = 1_700_000_000_000_000_000  # 2023-11-14 22:13:20 UTC
 
@@ -44,55 +55,35 @@ def utc() -> Iterator[None]:
     time.tzset()
 
 
+Strings = tuple[str, ...]
+
+
+def event(index: int, comm: str, tid: int, name: str, pid: int | None, **fields: Any) -> Syscall:
+    """Event `index` of thread `tid` (of process `pid`, else its own) at T0 + index µs."""
+    return Syscall(index, name, T0 + index * 1000, comm, tid if pid is None else pid, tid, **fields)
+
+
 def start(
-    index: int,
-    comm: str,
-    tid: int,
-    name: str,
-    args: tuple[str, ...] = (),
-    pid: int | None = None,
-    paths: tuple[str, ...] = (),
-    raw: tuple[int, ...] = (),
-) -> Syscall:
-    return Syscall(
-        index,
-        name,
-        T0 + index * 1000,
-        comm,
-        tid if pid is None else pid,
-        tid,
-        args=args,
-        paths=paths,
-        raw=raw,
-        is_start=True,
-    )
+    index: int, comm: str, tid: int, name: str, args: Strings = (), pid: int | None = None,
+    paths: Strings = (), raw: tuple[int, ...] = (),
+) -> Syscall:  # fmt: skip
+    return event(index, comm, tid, name, pid, args=args, paths=paths, raw=raw, is_start=True)
 
 
 def end(
-    index: int,
-    comm: str,
-    tid: int,
-    name: str,
-    result: int,
-    text: str = "",
-    pid: int | None = None,
-    args: tuple[str, ...] = (),
-    paths: tuple[str, ...] = (),
-) -> Syscall:
-    return Syscall(
-        index,
-        name,
-        T0 + index * 1000,
-        comm,
-        tid if pid is None else pid,
-        tid,
-        args=args,
-        paths=paths,
-        result=result,
-        have_result=True,
-        result_text=text or str(result),
-        is_end=True,
-    )
+    index: int, comm: str, tid: int, name: str, result: int, text: str = "",
+    pid: int | None = None, args: Strings = (), paths: Strings = (),
+) -> Syscall:  # fmt: skip
+    return event(
+        index, comm, tid, name, pid, args=args, paths=paths, result=result, have_result=True,
+        result_text=text or str(result), is_end=True,
+    )  # fmt: skip
+
+
+def cat_opens(index: int, path: str, raw: tuple[int, ...] = ()) -> Syscall:
+    """The start of `cat` (812) opening `path` read-only."""
+    args = ("AT_FDCWD", f'"{path}"', "O_RDONLY")
+    return start(index, "cat", 812, "openat", args, paths=(path,), raw=raw)
 
 
 class Recorded:
@@ -279,27 +270,9 @@ def test_full_lines() -> None:
 
 def _sample() -> Aggregator:
     agg = Aggregator()
-    agg.add(
-        start(
-            0,
-            "cat",
-            812,
-            "openat",
-            ("AT_FDCWD", '"/etc/passwd"', "O_RDONLY"),
-            paths=("/etc/passwd",),
-        )
-    )
+    agg.add(cat_opens(0, "/etc/passwd"))
     agg.add(end(1, "cat", 812, "openat", 3))
-    agg.add(
-        start(
-            2,
-            "cat",
-            812,
-            "openat",
-            ("AT_FDCWD", '"/nope/Missing"', "O_RDONLY"),
-            paths=("/nope/Missing",),
-        )
-    )
+    agg.add(cat_opens(2, "/nope/Missing"))
     agg.add(end(3, "cat", 812, "openat", -2, "-2 ENOENT"))
     agg.add(start(4, "Nautilus", 900, "stat", ('"/home/PASSWD"', "0x1"), paths=("/home/PASSWD",)))
     return agg
@@ -481,15 +454,7 @@ def test_unknown_syscall_lists_close_matches() -> None:
 
 def _events() -> list[Syscall]:
     return [
-        start(
-            0,
-            "cat",
-            812,
-            "openat",
-            ("AT_FDCWD", '"/etc/passwd"', "O_RDONLY"),
-            paths=("/etc/passwd",),
-            raw=(1, 2),
-        ),
+        cat_opens(0, "/etc/passwd", raw=(1, 2)),
         start(1, "nautilus", 900, "stat", ('"/home"', "0x1")),
         end(2, "nautilus", 900, "stat", 0),
         end(3, "cat", 812, "openat", 3),
@@ -527,22 +492,19 @@ def test_record_then_replay_is_identical(tmp_path: Path, suffix: str) -> None:
 
 def test_replay_errors_name_the_line(tmp_path: Path) -> None:
     data = _record(tmp_path / "rec.jsonl")
-    cut = tmp_path / "cut.jsonl"
-    cut.write_bytes(data[: len(data) - 10])
-    with pytest.raises(UsageError, match=r"line 7 is truncated"):
-        list(read_events(cut))
-    foreign = tmp_path / "foreign.jsonl"
-    foreign.write_text('{"event": "slow_io", "disk": "vda"}\n')
-    with pytest.raises(UsageError, match=r"line 1 is not a meridian syscalls header"):
-        list(read_events(foreign))
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(data.decode().splitlines()[0] + '\n{"i": 1}\n')
-    with pytest.raises(UsageError, match=r"line 2 is not a syscall event"):
-        list(read_events(bad))
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("")
-    with pytest.raises(UsageError, match=r"line 1: empty file"):
-        list(read_events(empty))
+    damaged = {  # file name: (content, the error)
+        "cut.jsonl": (data[: len(data) - 10], r"line 7 is truncated"),
+        "foreign.jsonl": (
+            b'{"event": "slow_io", "disk": "vda"}\n',
+            r"line 1 is not a meridian syscalls header",
+        ),
+        "bad.jsonl": (data.splitlines()[0] + b'\n{"i": 1}\n', r"line 2 is not a syscall event"),
+        "empty.jsonl": (b"", r"line 1: empty file"),
+    }
+    for name, (content, error) in damaged.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(UsageError, match=error):
+            list(read_events(tmp_path / name))
     with pytest.raises(UsageError, match="does not exist"):
         list(read_events(tmp_path / "nope"))
 

@@ -17,9 +17,10 @@ from rich.text import Text
 from textual.coordinate import Coordinate
 from textual.widgets import Static
 
-from meridian.syscalls import Syscall
-from meridian.syscalls.recording import Recorder, read_events
-from meridian.tools.syscalls_tui import COLUMNS, HIGHLIGHT, CallTable, ListFeed, SyscallsApp
+from meridian.tools.syscalls.record import Syscall
+from meridian.tools.syscalls.recording import Recorder, read_events
+from meridian.tools.syscalls.tui import HIGHLIGHT, ListFeed, SyscallsApp
+from meridian.tools.syscalls.tui_table import COLUMNS, CallTable
 
 T0 = 1_700_000_000_000_000_000
 

@@ -1,20 +1,71 @@
-"""What every histogram tool's command line shares: checked numbers and PIDs, and the
-report loop of `[interval] [count]`, `--duration` and Ctrl-C (which prints what
-happened since the last report before the tool detaches)."""
+"""What the histogram tools' command lines share (biolat, memlat, runqlat, and pieces
+that io and syscalls take too): the report options and their checked numbers and
+PIDs, the report loop of `[interval] [count]`, `--duration` and Ctrl-C (which prints
+what happened since the last report before the tool detaches), the `--workload`
+child, and the histogram family of the exported latencies."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Protocol, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeVar
 
 from .errors import UsageError
-from .export import exporting
+from .export import ExportOptions, Family, exporting, from_args
 from .output import JsonWriter
 
-__all__ = ["pid_arg", "positive_number", "report_loop", "run_histograms"]
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+__all__ = [
+    "UNITS",
+    "ReportOptions",
+    "duration_family",
+    "options_of",
+    "parse_pid",
+    "pid_arg",
+    "positive_number",
+    "report_fields",
+    "report_loop",
+    "run_histograms",
+    "stop_child",
+    "workload",
+]
+
+UNITS = {1: "nsecs", 1000: "usecs", 1_000_000: "msecs"}  # a histogram slot's unit, in ns
+
+
+@dataclass
+class ReportOptions:
+    """The options every histogram tool's report loop reads; a tool's `Options`
+    extends them (and says its unit: `unit_ns`)."""
+
+    interval: float | None = None
+    count: int | None = None
+    duration: float | None = None
+    timestamps: bool = False
+    json: bool = False
+    strategy: str | None = None
+    verbose: bool = False
+    export: ExportOptions | None = None
+
+    @property
+    def unit_ns(self) -> int:
+        return 1000
+
+    @property
+    def unit(self) -> str:
+        return UNITS[self.unit_ns]
+
+
+# ---- checked arguments ---------------------------------------------------------------
 
 
 def positive_number(value: str | None, what: str, integer: bool = False) -> float | None:
@@ -32,19 +83,58 @@ def positive_number(value: str | None, what: str, integer: bool = False) -> floa
     return num
 
 
+def parse_pid(value: str, noun: str = "a process ID", above: str = "greater than 0") -> int:
+    """`-p`'s value as a whole number > 0; else a UsageError: `-p takes {noun}, got
+    ...`, or `-p takes {noun} {above}, got ...` (syscalls: "process ids", "> 0")."""
+    try:
+        pid = int(value)
+    except ValueError:
+        raise UsageError(f"-p takes {noun}, got {value!r}") from None
+    if pid <= 0:
+        raise UsageError(f"-p takes {noun} {above}, got {value!r}")
+    return pid
+
+
 def pid_arg(value: str | None, proc_root: str = "/proc") -> int | None:
     """A PID of a running process, or None when not given; else a UsageError."""
     if value is None:
         return None
-    try:
-        pid = int(value)
-    except ValueError:
-        raise UsageError(f"-p takes a process ID, got {value!r}") from None
-    if pid <= 0:
-        raise UsageError(f"-p takes a process ID greater than 0, got {value!r}")
+    pid = parse_pid(value)
     if not Path(f"{proc_root}/{pid}").exists():
         raise UsageError(f"no process with PID {pid}: see ps or pgrep for running processes")
     return pid
+
+
+def report_fields(args: argparse.Namespace, validating: bool = False) -> dict[str, Any]:
+    """The checked `ReportOptions` fields that are not the arguments as they are:
+    `[interval] [count]` (none when the interval is a sub-command such as `validate`),
+    `--duration`, `-T` and the export options."""
+    count = None if validating else positive_number(args.count, "count", integer=True)
+    return {
+        "interval": None if validating else positive_number(args.interval, "interval"),
+        "count": int(count) if count is not None else None,
+        "duration": positive_number(args.duration, "--duration"),
+        "timestamps": args.timestamp,
+        "export": from_args(args),
+    }
+
+
+Opts = TypeVar("Opts", bound="DataclassInstance")
+
+
+def options_of(cls: type[Opts], args: argparse.Namespace, **given: Any) -> Opts:
+    """A tool's options dataclass `cls`: the fields in `given` (checked or renamed
+    values), and every other field that names a command-line argument (its `dest`)
+    from that argument as it is; the rest keep their defaults."""
+    same = {
+        f.name: getattr(args, f.name)
+        for f in fields(cls)
+        if f.init and f.name not in given and hasattr(args, f.name)
+    }
+    return cls(**same, **given)
+
+
+# ---- the report loop -----------------------------------------------------------------
 
 
 class _Timed(Protocol):
@@ -98,21 +188,25 @@ def report_loop(
 
 def run_histograms(
     session: Any,
-    opts: Any,
+    opts: ReportOptions,
     out: TextIO,
     banner: str,
     report_json: Callable[[Any, Any, str], Any],
     report_text: Callable[[Any, Any, TextIO], None],
+    *,
+    drain: Callable[[Any, float], None] | None = None,
+    during: AbstractContextManager[Any] | None = None,
 ) -> int:
     """Attach a histogram tool's `session` and print its reports (text or JSON lines)
-    per `opts` (interval, count, duration, json, verbose) until done or Ctrl-C; with
-    `opts.export`, the exporters read `tool.metrics()` meanwhile."""
+    per `opts` until done or Ctrl-C; with `opts.export`, the exporters read
+    `tool.metrics()` meanwhile. `drain(tool, seconds)` prints the events a tool
+    streams, waiting at most that long (the time between reports passes there, and
+    the last ones print at Ctrl-C); `during` (a workload) runs while the tool reports."""
     json_out = JsonWriter(out) if opts.json else None
-    export = getattr(opts, "export", None)
-    with session as tool, exporting(export, tool.metrics, tool.name):
+    with session as tool, exporting(opts.export, tool.metrics, tool.name):
         strategy = tool.strategy
         if opts.verbose:
-            print(f"strategy: {strategy.name} ({', '.join(strategy.programs)})", file=sys.stderr)
+            print(f"strategy: {strategy.name} ({', '.join(tool.selected)})", file=sys.stderr)
         if not opts.json:
             print(banner, file=out)
         out.flush()
@@ -125,17 +219,66 @@ def run_histograms(
                 report_text(delta, opts, out)
             out.flush()
 
-        def blank_line() -> None:
+        def wait(seconds: float) -> None:
+            if drain is None:
+                time.sleep(seconds)
+            else:
+                drain(tool, seconds)
+
+        def last_lines() -> None:
+            if drain is not None:
+                drain(tool, 0)
             if not opts.json:
                 print(file=out)
 
-        report_loop(
-            tool.snapshot,
-            emit,
-            interval=opts.interval,
-            count=opts.count,
-            duration=opts.duration,
-            has_news=lambda prev, cur: bool(cur.since(prev).cells),
-            on_interrupt=blank_line,
-        )
+        with during or contextlib.nullcontext():
+            report_loop(
+                tool.snapshot,
+                emit,
+                interval=opts.interval,
+                count=opts.count,
+                duration=opts.duration,
+                has_news=lambda prev, cur: bool(cur.since(prev).cells),
+                wait=wait,
+                on_interrupt=last_lines,
+            )
     return 0
+
+
+# ---- child processes -----------------------------------------------------------------
+
+
+def stop_child(child: subprocess.Popen[Any], grace: float = 5.0) -> None:
+    """End a child process: SIGTERM, then SIGKILL if it is still there after `grace`
+    seconds; reaped either way."""
+    if child.poll() is None:
+        child.terminate()
+    try:
+        child.wait(grace)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+@contextlib.contextmanager
+def workload(name: str | None, seconds: float | None) -> Iterator[None]:
+    """`--workload`: the built-in workload `name` (`python -m meridian.workloads name`)
+    in a child process while the block runs (for `seconds` at most, an hour when
+    None), then stopped. None: no workload."""
+    if name is None:
+        yield
+        return
+    cmd = [sys.executable, "-m", "meridian.workloads", name, "--seconds", str(seconds or 3600)]
+    child = subprocess.Popen(cmd)
+    try:
+        yield
+    finally:
+        stop_child(child)
+
+
+# ---- export --------------------------------------------------------------------------
+
+
+def duration_family(name: str, description: str) -> Family:
+    """An exported latency histogram, in seconds (the conventions' `*.duration`)."""
+    return Family(name, "histogram", "s", description)

@@ -20,6 +20,7 @@ S = TypeVar("S", bound="Session")
 
 class Session:
     OBJECT: str
+    BAD_RECORDS: str = "bad_records"  # the name `counters()` gives the ring's bad records
     obj: BpfObject | None = None
     ring: RingBuffer | None = None
 
@@ -39,6 +40,15 @@ class Session:
             raise
         self.obj = obj
         return self
+
+    def counters(self) -> dict[str, int]:
+        """The object's per-CPU `counters` map summed over the CPUs, plus the ring's
+        records of an unexpected size: everything the tool drops, by reason."""
+        assert self.obj is not None
+        out: dict[str, int] = self.obj.maps["counters"].summed()
+        if self.ring is not None:
+            out[self.BAD_RECORDS] = self.ring.bad_records
+        return out
 
     def __exit__(self, *exc: object) -> None:
         if self.ring is not None:

@@ -102,9 +102,18 @@ def _short(exc: BpfError) -> str:
 
 def _probe_perf_event() -> Probe:
     try:
-        with _load_alone("probe_perf_event") as obj:
-            fd = open_per_cpu(PerfEvent.CPU_CLOCK, sample_period=1_000_000_000)[0]
-            obj.programs["probe_perf_event"].attach_perf_event(fd)
+        first, *others = open_per_cpu(PerfEvent.CPU_CLOCK, sample_period=1_000_000_000)
+        for fd in others:  # one CPU is enough
+            os.close(fd)
+        attached = False
+        try:
+            with _load_alone("probe_perf_event") as obj:
+                obj.programs["probe_perf_event"].attach_perf_event(first)
+                attached = True  # the link owns the fd now, and closes it
+        except BaseException:
+            if not attached:
+                os.close(first)
+            raise
         return Probe("perf_event", True, "loads and attaches to cpu-clock")
     except BpfError as exc:
         return Probe("perf_event", False, _short(exc))

@@ -1,0 +1,21 @@
+"""The pieces of a latency tool's exported series: a histogram point from a cell, and
+the process attributes of a per-process key."""
+
+from __future__ import annotations
+
+from ..export import HistPoint
+from .model import Cell
+
+__all__ = ["Attrs", "hist_point", "process_attrs"]
+
+Attrs = dict[str, str | int | bool]
+
+
+def hist_point(attrs: Attrs, cell: Cell, unit_ns: int) -> HistPoint:
+    """The cell as an exported histogram in seconds, with its exact sum and max."""
+    return HistPoint(attrs, cell.slots, unit_ns * 1e-9, cell.sum_ns / 1e9, cell.max_ns / 1e9)
+
+
+def process_attrs(pid: int, comm: str) -> Attrs:
+    """The conventions' process attributes (a -P histogram's key)."""
+    return {"process.pid": pid, "process.executable.name": comm}

@@ -1,0 +1,53 @@
+"""biolat's exported series."""
+
+from __future__ import annotations
+
+from ...export import Family, HistPoint, Point
+from ...reporting import duration_family
+from .model import (
+    INFO_COUNTERS,
+    KIND_LATENCY,
+    KIND_QUEUE,
+    Options,
+    Snapshot,
+    disk_name,
+    group,
+    merged,
+    op_name,
+)
+
+__all__ = ["series"]
+
+
+def series(snap: Snapshot, opts: Options) -> list[Family]:
+    """The exported families (cumulative since attach), per device and op, after the
+    semantic conventions' `system.disk.*` metrics, plus the latency histograms."""
+    nbytes = Family("system.disk.io", "counter", "By", "Bytes transferred by block requests")
+    ops = Family("system.disk.operations", "counter", "{operation}", "Block requests completed")
+    optime = Family(
+        "system.disk.operation_time", "counter", "s", "Sum of the time each request took"
+    )
+    lat = duration_family(
+        "system.disk.operation.duration",
+        "Block request latency (issue, or insert with -Q, to completion)",
+    )
+    queue = duration_family("system.disk.queue.duration", "Time requests waited in the OS queue")
+    lost = Family("meridian.biolat.lost", "counter", "{request}", "Requests not counted, by reason")
+    for kind, fam in ((KIND_LATENCY, lat), (KIND_QUEUE, queue)):
+        for (dev, op), cells in group(snap, kind, True).items():
+            a: dict[str, str | int | bool] = {
+                "system.device": disk_name(dev),
+                "disk.io.direction": op_name(op),
+            }
+            h = merged(cells, opts.unit)
+            total = sum(c.sum for _, c in cells)
+            top = max(c.max for _, c in cells)
+            fam.points.append(HistPoint(a, h.slots, opts.unit_ns * 1e-9, total / 1e9, top / 1e9))
+            if kind == KIND_LATENCY:
+                nbytes.points.append(Point(a, sum(c.bytes for _, c in cells)))
+                ops.points.append(Point(a, h.total))
+                optime.points.append(Point(a, total / 1e9))
+    for reason, n in snap.counters.items():
+        if reason not in INFO_COUNTERS:
+            lost.points.append(Point({"reason": reason}, n))
+    return [nbytes, ops, optime, lat, queue, lost]

@@ -1,0 +1,155 @@
+"""biolat's reports: latency histograms per op (and disk with -D), queued time (-Q),
+request sizes (--sizes), queue depth (--depth) and a table per disk and op; in JSON
+all of them, per device and op."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, TextIO
+
+from ...hist import Log2Hist, slot_bounds
+from ...output import fmt_bytes, iso_now, print_table
+from .model import (
+    INFO_COUNTERS,
+    KIND_LATENCY,
+    KIND_QUEUE,
+    Groups,
+    Options,
+    Snapshot,
+    depth_rows,
+    device_rows,
+    disk_name,
+    group,
+    merged,
+    op_name,
+    size_hist,
+)
+
+__all__ = ["report_json", "report_text"]
+
+
+def report_json(snap: Snapshot, opts: Options) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "time": iso_now(),
+        "interval_s": round(snap.seconds, 6),
+        "unit": opts.unit,
+    }
+    devices = []
+    size_groups = group(snap, KIND_LATENCY, opts.per_disk)
+    queue_groups = group(snap, KIND_QUEUE, opts.per_disk)
+    for row, ((dev, op), cells) in zip(device_rows(snap, opts), size_groups.items(), strict=True):
+        d = row.as_dict()
+        d["sizes"] = size_hist(cells).to_json()
+        d["latency_by_size"] = [
+            {
+                "size_low": slot_bounds(slot)[0],
+                "size_high": slot_bounds(slot)[1],
+                "count": c.count,
+                "latency_avg_ns": c.sum // c.count,
+                "latency": Log2Hist(c.slots, opts.unit).to_json(),
+            }
+            for slot, c in cells
+        ]
+        if (dev, op) in queue_groups:
+            d["queue"] = merged(queue_groups[(dev, op)], opts.unit).to_json()
+        devices.append(d)
+    out["devices"] = devices
+    out["depth"] = [
+        {"disk": disk_name(dev), **info, "hist": info["hist"].to_json()}
+        for dev, info in depth_rows(snap).items()
+    ]
+    out["lost"] = {k: v for k, v in snap.counters.items() if k not in INFO_COUNTERS}
+    out["requeued"] = snap.counters.get("requeued", 0)
+    return out
+
+
+def _head(dev: int | None, op: int, opts: Options) -> str:
+    disk = f"disk = {disk_name(dev)}, " if opts.per_disk else ""
+    return f"\n{disk}op = {op_name(op)}"
+
+
+def report_text(snap: Snapshot, opts: Options, out: TextIO) -> None:
+    if opts.timestamps:
+        print(time.strftime("%H:%M:%S"), file=out)
+    groups = group(snap, KIND_LATENCY, opts.per_disk)
+    if not groups:
+        print("no block I/O completed in this interval", file=out)
+    for (dev, op), cells in groups.items():
+        print(_head(dev, op, opts), file=out)
+        print(merged(cells, opts.unit).render(), file=out)
+    if opts.queued:
+        for (dev, op), cells in group(snap, KIND_QUEUE, opts.per_disk).items():
+            print(f"{_head(dev, op, opts)}, queued (insert to issue)", file=out)
+            print(merged(cells, opts.unit).render(), file=out)
+    if opts.sizes:
+        _sizes_text(groups, opts, out)
+    if opts.depth:
+        for dev, info in depth_rows(snap).items():
+            print(
+                f"\ndisk = {disk_name(dev)}, queue depth at issue "
+                f"(now {info['inflight']}, max {info['max']}, avg {info['avg']})",
+                file=out,
+            )
+            print(info["hist"].render("depth"), file=out)
+    _stats_text(snap, opts, out)
+    lost = {k: v for k, v in snap.counters.items() if v and k not in INFO_COUNTERS}
+    if lost:
+        print(
+            "lost: " + ", ".join(f"{k}={v}" for k, v in lost.items()) + _lost_hint(lost), file=out
+        )
+    if snap.counters.get("requeued"):
+        print(f"requeued after issue: {snap.counters['requeued']}", file=out)
+
+
+def _lost_hint(lost: dict[str, int]) -> str:
+    if set(lost) == {"unmatched"}:
+        return " (completions of requests issued before tracing started)"
+    return ""
+
+
+def _sizes_text(groups: Groups, opts: Options, out: TextIO) -> None:
+    for (dev, op), cells in groups.items():
+        count = sum(c.count for _, c in cells)
+        avg = sum(c.bytes for _, c in cells) / count if count else 0
+        print(f"{_head(dev, op, opts)}, request sizes (avg {fmt_bytes(avg)})", file=out)
+        print(size_hist(cells).render("bytes"), file=out)
+        rows = [
+            [
+                fmt_bytes(slot_bounds(slot)[0]),
+                str(c.count),
+                f"{c.sum / c.count / opts.unit_ns:.1f}",
+                f"{Log2Hist(c.slots, opts.unit).percentile(0.5):.0f}",
+                f"{Log2Hist(c.slots, opts.unit).percentile(0.99):.0f}",
+            ]
+            for slot, c in cells
+        ]
+        u = "ms" if opts.millis else "us"
+        print_table(["SIZE>=", "COUNT", f"AVG({u})", f"P50({u})", f"P99({u})"], rows, out)
+
+
+def _stats_text(snap: Snapshot, opts: Options, out: TextIO) -> None:
+    rows = device_rows(snap, opts)
+    if not rows:
+        return
+    u = "ms" if opts.millis else "us"
+    table = []
+    for r in rows:
+        table.append(
+            [
+                r.disk,
+                r.op,
+                str(r.count),
+                f"{r.count / r.seconds:.1f}" if r.seconds else "-",
+                f"{r.bytes / r.seconds / 1e6:.2f}" if r.seconds else "-",
+                fmt_bytes(r.bytes / r.count if r.count else 0),
+                f"{r.sum_ns / r.count / opts.unit_ns:.1f}" if r.count else "-",
+                f"{r.hist.percentile(0.5):.0f}",
+                f"{r.hist.percentile(0.99):.0f}",
+            ]
+        )
+    print(file=out)
+    print_table(
+        ["DISK", "OP", "COUNT", "IOPS", "MB/s", "AVG_SIZE", f"AVG({u})", f"P50({u})", f"P99({u})"],
+        table,
+        out,
+    )

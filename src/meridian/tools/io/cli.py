@@ -1,0 +1,184 @@
+"""`meridian io`'s command line: the argument parser (help ending in examples), the
+checks that turn arguments into `Options` (one line and exit code 2 when they fail),
+and `run`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ...errors import UsageError
+from ...export import add_arguments, from_args
+from .agent import run_options
+from .kernel import STRATEGIES
+from .options import Options
+
+__all__ = ["add_parser", "cgroup_id", "cgroup_mounts", "options_from_args", "parse_pids", "run"]
+
+EXAMPLES = """examples:
+  meridian io                       # every read/write on regular files, JSON lines
+  meridian io -p 1234 -p 5678       # only these processes (filtered in the kernel)
+  meridian io --comm postgres       # only processes with this name
+  meridian io --cgroup /system.slice/nginx.service   # one cgroup (v2) and those below it
+  meridian io --format text         # aligned columns for people
+  meridian io --disk-only           # only operations that reached the disk
+  meridian io --min-latency 10      # only operations slower than 10 ms
+  meridian io --no-events --duration 10   # metrics only: a per-PID summary after 10 s
+  meridian io --no-events --prometheus :9435   # Prometheus metrics read from the maps
+  meridian io --top --sort latency  # live per-process view, slowest first (Ctrl-C ends)
+  meridian io --top --max-pids 20   # 20 busiest processes, the rest per command name
+  meridian io --workload --duration 10 --format text   # demo: a small file workload
+  meridian io --otlp-endpoint http://localhost:4317 --otlp-logs   # OTLP metrics and logs
+"""
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "io",
+        help="per-process file I/O: latency, bytes, page cache hits (seed 000)",
+        description="Trace reads and writes on regular files per process: latency, "
+        "bytes, and whether the page cache served them. A summary per PID on exit.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-p", "--pid", action="append", default=[], help="trace this PID (repeatable)")
+    p.add_argument("--comm", action="append", default=[], help="trace this process name")
+    p.add_argument(
+        "--cgroup",
+        metavar="PATH",
+        help="only processes in this cgroup v2 directory or below it (a path under the "
+        "cgroup2 mount, or as in /proc/PID/cgroup)",
+    )
+    p.add_argument("--format", choices=["json", "text"], default="json", help="event format")
+    p.add_argument("--min-latency", metavar="MS", help="only events slower than MS milliseconds")
+    p.add_argument("--disk-only", action="store_true", help="only events that reached the disk")
+    p.add_argument("--no-events", action="store_true", help="metrics only, no event stream")
+    p.add_argument("--duration", metavar="SECONDS", help="stop after this long")
+    p.add_argument(
+        "--max-pids",
+        metavar="N",
+        help="at most N processes get rows of their own (--top, exports); the others are "
+        "summed per command name (at most N of those), the rest into one 'other' row",
+    )
+    p.add_argument("--top", action="store_true", help="live per-process view (needs a terminal)")
+    p.add_argument(
+        "--sort", choices=["bytes", "latency", "ops"], default="bytes", help="--top order"
+    )
+    p.add_argument("--interval", metavar="SECONDS", default="1", help="--top refresh (default 1)")
+    p.add_argument(
+        "--grace", metavar="SECONDS", default="30", help="retire exited processes after this"
+    )
+    p.add_argument("--workload", action="store_true", help="run a small built-in file workload")
+    p.add_argument(
+        "--strategy", choices=[s.name for s in STRATEGIES], help="force a probe strategy"
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="libbpf and strategy detail")
+    add_arguments(p, logs=True)
+    return p
+
+
+def _number(value: str | None, what: str, minimum: float, integer: bool = False) -> float | None:
+    if value is None:
+        return None
+    try:
+        num = int(value) if integer else float(value)
+    except ValueError:
+        kind = "a whole number" if integer else "a number"
+        raise UsageError(f"{what} must be {kind}, got {value!r}") from None
+    if num < minimum or num != num:
+        raise UsageError(f"{what} must be at least {minimum:g}, got {value!r}")
+    return num
+
+
+def parse_pids(values: Sequence[str], proc_root: str = "/proc") -> list[int]:
+    pids = []
+    for v in values:
+        if not v.strip().isdigit() or int(v) <= 0:
+            raise UsageError(f"-p takes a process ID (a positive whole number), got {v!r}")
+        pid = int(v)
+        if not os.path.isdir(f"{proc_root}/{pid}"):
+            raise UsageError(f"no process with PID {pid} (see ps -e)")
+        pids.append(pid)
+    return pids
+
+
+def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """Mount points of the cgroup v2 hierarchy (the unified one)."""
+    out = []
+    try:
+        with open(mountinfo) as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.split(" ", 1)[0] == "cgroup2":
+                    out.append(left.split()[4].replace("\\040", " "))
+    except OSError:
+        pass
+    return out
+
+
+def cgroup_id(path: str, mountinfo: str = "/proc/self/mountinfo") -> tuple[int, int]:
+    """(id, depth) of a cgroup v2 directory: the id is the directory's inode number, what
+    bpf_get_current_cgroup_id() returns; the depth counts components below the root.
+    PATH is a directory under a cgroup2 mount or a path as /proc/PID/cgroup shows it."""
+    mounts = cgroup_mounts(mountinfo)
+    if not mounts:
+        raise UsageError("--cgroup needs cgroup v2, and no cgroup2 file system is mounted")
+    for m in mounts:
+        rel = os.path.relpath(os.path.realpath(path), m) if os.path.isabs(path) else path
+        if rel == "." or not rel.startswith(".."):
+            break
+    else:
+        rel = path
+    for m in mounts:
+        full = os.path.normpath(os.path.join(m, rel.lstrip("/")))
+        if os.path.isfile(os.path.join(full, "cgroup.procs")):
+            depth = 0 if full == os.path.normpath(m) else len(os.path.relpath(full, m).split("/"))
+            return os.stat(full).st_ino, depth
+    raise UsageError(
+        f"--cgroup: {path!r} is not a cgroup v2 directory (cgroup2 is mounted at {mounts[0]})"
+    )
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    comms = []
+    for c in args.comm:
+        if not c or len(c.encode()) > 15:
+            raise UsageError(f"--comm takes a process name of 1 to 15 bytes, got {c!r}")
+        comms.append(c)
+    min_lat = _number(args.min_latency, "--min-latency", 0)
+    duration = _number(args.duration, "--duration", 0.001)
+    max_series = _number(args.max_pids, "--max-pids", 1, integer=True)
+    interval = _number(args.interval, "--interval", 0.05) or 1.0
+    grace = _number(args.grace, "--grace", 0)
+    export = from_args(args)
+    if export.otlp_logs and (args.no_events or args.top):
+        raise UsageError("--otlp-logs sends events: it cannot go with --no-events or --top")
+    return Options(
+        pids=parse_pids(args.pid),
+        comms=comms,
+        cgroup=cgroup_id(args.cgroup) if args.cgroup is not None else None,
+        format=args.format,
+        min_latency_ns=int((min_lat or 0) * 1_000_000),
+        disk_only=args.disk_only,
+        duration=duration,
+        strategy=args.strategy,
+        # The kernel map holds up to four keys per process (op x cached).
+        max_pids=max(8192, 4 * int(max_series)) if max_series else 8192,
+        export=export,
+        verbose=args.verbose,
+        interval=interval,
+        grace=30.0 if grace is None else grace,
+        max_series=int(max_series) if max_series else None,
+        top=args.top,
+        sort=args.sort,
+        # --top draws from the aggregates: no event stream, so nothing to drop.
+        no_events=args.no_events or args.top,
+        workload=args.workload,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_options(options_from_args(args), sys.stdout)

@@ -1,0 +1,132 @@
+"""meridian io's kernel side: the `io` BPF object, its strategies and its maps.
+
+The kernel decides everything: regular files only (through the task's fd table), the
+PID, comm and cgroup filters, cached or disk per operation (page-cache insertions, bios
+and I/O wait of the thread while the operation is in flight), and exact per-(process,
+op, cached) aggregates with a log2 latency histogram. Events come through a ring buffer
+as numpy columns (`events`); the aggregates are read whole (`stats`, `disk_stats`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from ...bpf import BpfObject, RingBuffer, Strategy, choose, hook_exists
+from ...proc import CLOCK_TICK_NS, thread_slots
+from ...session import Session
+from .options import Options
+
+__all__ = ["BLOCK", "SIGNALS", "STRATEGIES", "SYSCALLS", "FileIO"]
+
+SYSCALLS: tuple[str, ...] = ("read", "pread64", "readv", "preadv", "preadv2")
+SYSCALLS += ("write", "pwrite64", "writev", "pwritev", "pwritev2")
+SYSCALLS += ("sendfile64", "copy_file_range")  # a read of the source, a write of the target
+# fentry/kprobe hook the syscall bodies that still have the fd (see io.bpf.c).
+FENTRY_FNS: tuple[str, ...] = (
+    "ksys_read",
+    "ksys_write",
+    "ksys_pread64",
+    "ksys_pwrite64",
+    "do_readv",
+)
+FENTRY_FNS += ("do_writev", "do_preadv", "do_pwritev", "do_sendfile", "copy_file_range")
+STRATEGIES = (
+    Strategy(
+        "fentry",
+        tuple(f"{k}_{f}" for f in FENTRY_FNS for k in ("fentry", "fexit")),
+        ("fentry", "tp_btf"),
+    ),
+    Strategy(
+        "kprobe",
+        tuple(f"{k}_{s}" for s in SYSCALLS for k in ("ks", "kr")),
+        ("kprobe", "tp_btf"),
+    ),
+    # Raw syscalls before the syscalls: tracepoints. Both put every syscall of every
+    # task on the traced slow path, but the tracepoints then copy the arguments into a
+    # perf record before the program runs (io_bench.py: 0.60 against 0.50 here).
+    Strategy("tp_btf", ("raw_enter", "raw_exit"), ("tp_btf",)),
+    Strategy(
+        "tracepoint",
+        tuple(f"tp_{d}_{s}" for s in SYSCALLS for d in ("enter", "exit")),
+        ("tracepoint", "tp_btf"),  # the I/O-wait signal is tp_btf/sched_switch
+    ),
+)
+# Disk signals, shared by every strategy.
+SIGNALS = ("tp_page_added", "tp_bio_queue", "tp_sched_switch")
+# Block requests by submitting process and their device latency (block_io_start: 6.5+).
+BLOCK = ("tp_io_start", "tp_rq_issue", "tp_rq_complete")
+
+
+class FileIO(Session):
+    """The loaded programs: `stats()` reads the exact aggregates, `events()` the stream."""
+
+    OBJECT = "io"
+    BAD_RECORDS = "events_bad"  # counters(): ring records of an unexpected size
+
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.strategy = choose(STRATEGIES, opts.strategy)
+        self.selected: list[str] = []
+
+    def programs(self, obj: BpfObject) -> list[str]:
+        """The strategy's programs whose hooks this kernel has, plus the disk signals."""
+        progs = [p for p in self.strategy.programs if hook_exists(obj.programs[p].section)]
+        block = [p for p in BLOCK if hook_exists(obj.programs[p].section)]
+        return progs + list(SIGNALS) + (block if len(block) == len(BLOCK) else [])
+
+    def setup(self, obj: BpfObject) -> None:
+        o = self.opts
+        slots = o.thread_slots or thread_slots()
+        obj.set_rodata(
+            {
+                "filter_pid": bool(o.pids),
+                "filter_comm": bool(o.comms),
+                "filter_cgroup": o.cgroup[0] if o.cgroup else 0,
+                "cgroup_level": o.cgroup[1] if o.cgroup else 0,
+                "self_pid": os.getpid(),
+                "inflight_mask": slots - 1,
+                "events_on": not o.no_events,
+                "disk_only": o.disk_only,
+                "min_latency_ns": o.min_latency_ns,
+                "wakeup_bytes": obj.maps["events"].max_entries // 4,
+                "tick_ns": CLOCK_TICK_NS,
+            }
+        )
+        obj.resize("inflight", slots)
+        obj.resize("stats", o.max_pids)
+        obj.resize("disk_io", o.max_pids)
+        self.selected = self.programs(obj)
+        obj.select(self.selected)
+        obj.load()
+        for pid in o.pids:
+            obj.maps["pids"].update(np.uint32(pid), np.uint8(1))
+        for comm in o.comms:
+            obj.maps["comms"].update(comm.encode()[:15].ljust(16, b"\0"), np.uint8(1))
+        obj.attach()
+        if not o.no_events:
+            assert obj.btf is not None
+            self.ring = RingBuffer.of_map(obj.maps["events"], obj.btf.struct_dtype("fileio_event"))
+
+    def _items(self, name: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        assert self.obj is not None
+        keys, vals = self.obj.maps[name].items()
+        return keys, vals
+
+    def stats(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """Keys and per-CPU values of the aggregate map (model.summarize sums them)."""
+        return self._items("stats")
+
+    def disk_stats(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """Block requests per (submitting PID, op): keys and per-CPU values of
+        `fileio_disk_stats` (requests, bytes, device latency sum, max, log2 slots)."""
+        return self._items("disk_io")
+
+    def events(self, timeout: float) -> np.ndarray[Any, Any]:
+        if self.ring is None:
+            time.sleep(max(timeout, 0))
+            return np.empty(0)
+        return self.ring.poll(timeout)

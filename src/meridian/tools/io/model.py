@@ -1,0 +1,161 @@
+"""meridian io's model: what processes did, from the kernel's exact aggregates.
+
+The kernel keeps one aggregate per (process, op, cached): operations, bytes, disk
+bytes, I/O wait, latency sum and maximum, first and last time, and a log2 latency
+histogram, per CPU. `summarize_processes` sums them over CPUs into a `PidSummary` per
+process, its cells `OpStats` by op and cached (True: the page cache served it).
+Everything else (the PID table, the views, the metrics) reads these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...hist import Log2Hist
+from ...output import iso_now
+from ...proc import start_wall_ns
+
+__all__ = [
+    "OPS",
+    "OpStats",
+    "PidSummary",
+    "first_comm",
+    "op_name",
+    "percentile_ns",
+    "summarize",
+    "summarize_processes",
+]
+
+OPS = ("read", "write")
+
+
+def op_name(op: int) -> str:
+    """The name of a kernel `enum io_op` value (anything past write reads as write)."""
+    return OPS[min(op, 1)]
+
+
+def first_comm(per_cpu: np.ndarray[Any, Any]) -> str:
+    """The command name of per-CPU values: the first CPU's that has one."""
+    comms = [c for c in per_cpu["comm"] if c]
+    return comms[0].decode(errors="replace") if comms else ""
+
+
+def percentile_ns(hist: Log2Hist, q: float, max_ns: int) -> float:
+    """A latency percentile of a log2 histogram, never above the exact maximum."""
+    return min(hist.percentile(q), float(max_ns))
+
+
+@dataclass
+class OpStats:
+    ops: int = 0
+    bytes: int = 0
+    bytes_requested: int = 0
+    disk_bytes: int = 0
+    io_wait_ns: int = 0
+    latency_sum_ns: int = 0
+    latency_max_ns: int = 0
+    first_ns: int = 0
+    last_ns: int = 0
+    hist: Log2Hist = field(default_factory=lambda: Log2Hist.empty(40, "nsecs"))
+
+    def add(self, other: OpStats) -> None:
+        self.ops += other.ops
+        self.bytes += other.bytes
+        self.bytes_requested += other.bytes_requested
+        self.disk_bytes += other.disk_bytes
+        self.io_wait_ns += other.io_wait_ns
+        self.latency_sum_ns += other.latency_sum_ns
+        self.latency_max_ns = max(self.latency_max_ns, other.latency_max_ns)
+        firsts = [t for t in (self.first_ns, other.first_ns) if t]
+        self.first_ns = min(firsts) if firsts else 0
+        self.last_ns = max(self.last_ns, other.last_ns)
+        self.hist = self.hist + other.hist
+
+
+@dataclass
+class PidSummary:
+    """Everything one process did, split by op and cached (True) / disk (False)."""
+
+    pid: int
+    comm: str
+    cells: dict[tuple[str, bool], OpStats] = field(default_factory=dict)
+    start: int = 0  # clock ticks since boot (/proc/PID/stat field 22): tells reused PIDs apart
+
+    def total(self, op: str | None = None, cached: bool | None = None) -> OpStats:
+        out = OpStats()
+        for (o, c), s in self.cells.items():
+            if (op is None or o == op) and (cached is None or c == cached):
+                out.add(s)
+        return out
+
+    def hit_ratio(self, op: str | None = None) -> float | None:
+        all_ = self.total(op).ops
+        return self.total(op, True).ops / all_ if all_ else None
+
+    def merge(self, other: PidSummary) -> None:
+        """Add another summary's cells to this one's (a group of processes)."""
+        for cell, s in other.cells.items():
+            self.cells.setdefault(cell, OpStats()).add(s)
+
+    def as_dict(self, seconds: float) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "summary", "pid": self.pid, "comm": self.comm}
+        if self.start:  # tells two processes apart that had the same PID
+            out["start_time"] = iso_now(start_wall_ns(self.start))
+        for op in OPS:
+            t = self.total(op)
+            if not t.ops:
+                continue
+            out[op] = {
+                "ops": t.ops,
+                "bytes": t.bytes,
+                "bytes_requested": t.bytes_requested,
+                "disk_bytes": t.disk_bytes,
+                "cached_ops": self.total(op, True).ops,
+                "disk_ops": self.total(op, False).ops,
+                "io_wait_ns": t.io_wait_ns,
+                "bytes_per_s": round(t.bytes / seconds, 1) if seconds > 0 else None,
+                "latency_avg_ns": t.latency_sum_ns // t.ops,
+                "latency_p50_ns": round(percentile_ns(t.hist, 0.5, t.latency_max_ns)),
+                "latency_p99_ns": round(percentile_ns(t.hist, 0.99, t.latency_max_ns)),
+                "latency_max_ns": t.latency_max_ns,
+                "cache_hit_ratio": round(self.hit_ratio(op) or 0.0, 6),
+                "first_ns": t.first_ns,
+                "last_ns": t.last_ns,
+                "latency": t.hist.to_json(),
+            }
+        return out
+
+
+def summarize(keys: np.ndarray[Any, Any], vals: np.ndarray[Any, Any]) -> dict[int, PidSummary]:
+    """Per-PID summaries from the aggregate map (per-CPU values, shape (n, ncpus)): the
+    newest process of each PID (an older one is a process whose PID was reused)."""
+    return {pid: ps for (pid, _), ps in summarize_processes(keys, vals).items()}
+
+
+def summarize_processes(
+    keys: np.ndarray[Any, Any], vals: np.ndarray[Any, Any]
+) -> dict[tuple[int, int], PidSummary]:
+    """Per-process summaries, by (PID, start) in that order."""
+    out: dict[tuple[int, int], PidSummary] = {}
+    for k, v in zip(keys, vals, strict=True):
+        pid, start = int(k["pid"]), int(k["start"])
+        v = np.atleast_1d(v)
+        firsts = v["first_ns"][v["first_ns"] > 0]
+        s = OpStats(
+            ops=int(v["ops"].sum()),
+            bytes=int(v["bytes"].sum()),
+            bytes_requested=int(v["bytes_requested"].sum()),
+            disk_bytes=int(v["disk_bytes"].sum()),
+            io_wait_ns=int(v["io_wait_ns"].sum()),
+            latency_sum_ns=int(v["latency_sum_ns"].sum()),
+            latency_max_ns=int(v["latency_max_ns"].max()),
+            first_ns=int(firsts.min()) if len(firsts) else 0,
+            last_ns=int(v["last_ns"].max()),
+            hist=Log2Hist(v["slots"].sum(axis=0).astype(np.uint64), "nsecs"),
+        )
+        ps = out.setdefault((pid, start), PidSummary(pid, first_comm(v), start=start))
+        ps.cells[(op_name(int(k["op"])), bool(k["cached"]))] = s
+    return dict(sorted(out.items()))

@@ -1,0 +1,83 @@
+"""meridian io's summary at the end: per process and op, as JSON objects or a table,
+with the block requests per submitting process and what was lost."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, TextIO
+
+from ...hist import Log2Hist
+from ...output import JsonWriter, fmt_bytes, print_table
+from .block import BlockStats
+from .model import OPS, PidSummary, percentile_ns
+
+__all__ = ["report"]
+
+LATENCY = ["P50(us)", "P99(us)", "MAX(us)"]
+PIDS_HEADER = ["COMM", "PID", "OP", "OPS", "BYTES", "THROUGHPUT", *LATENCY, "HIT"]
+BLOCK_HEADER = ["COMM", "PID", "OP", "REQUESTS", "BYTES", *LATENCY]
+
+
+def _latency_us(hist: Log2Hist, max_ns: int) -> list[str]:
+    """p50, p99 and max in microseconds."""
+    p50, p99 = (percentile_ns(hist, q, max_ns) for q in (0.5, 0.99))
+    return [f"{p50 / 1e3:.1f}", f"{p99 / 1e3:.1f}", f"{max_ns / 1e3:.1f}"]
+
+
+def report(
+    pids: Iterable[PidSummary],
+    counters: dict[str, int],
+    seconds: float,
+    as_json: bool,
+    out: TextIO,
+    rolling: dict[int, dict[str, Any]] | None = None,
+    block: list[BlockStats] | None = None,
+) -> None:
+    """The per-PID summary; `rolling` (PidTable.rolling()) adds each live process's
+    1 s / 10 s / 60 s throughput per op to the JSON objects; `block` the device
+    requests per submitting process (block.py)."""
+    if as_json:
+        w = JsonWriter(out)
+        for ps in pids:
+            d = ps.as_dict(seconds)
+            for op, windows in (rolling or {}).get(ps.pid, {}).items():
+                if op in d:
+                    d[op]["rolling"] = windows
+            w.write(d)
+        for b in block or []:
+            w.write(b.as_dict())
+        w.write({"type": "lost", "seconds": round(seconds, 6), **counters})
+        return
+    rows = []
+    for ps in pids:
+        for op in OPS:
+            t = ps.total(op)
+            if not t.ops:
+                continue
+            rate = fmt_bytes(t.bytes / seconds) + "/s" if seconds > 0 else "-"
+            hit = f"{100 * (ps.hit_ratio(op) or 0):.1f}%"
+            latency = _latency_us(t.hist, t.latency_max_ns)
+            rows.append(
+                [ps.comm, str(ps.pid), op, str(t.ops), fmt_bytes(t.bytes), rate, *latency, hit]
+            )
+    print(file=out)
+    print_table(PIDS_HEADER, rows, out)
+    if block:
+        print(
+            "\nblock requests by submitting process (device latency, issue to completion):",
+            file=out,
+        )
+        print_table(
+            BLOCK_HEADER,
+            [
+                [
+                    *(b.comm, str(b.pid), b.op, str(b.requests), fmt_bytes(b.bytes)),
+                    *_latency_us(b.hist, b.latency_max_ns),
+                ]
+                for b in block
+            ],
+            out,
+        )
+    lost = {k: v for k, v in counters.items() if v}
+    if lost:
+        print("lost: " + ", ".join(f"{k}={v}" for k, v in lost.items()), file=out)

@@ -1,0 +1,160 @@
+"""`meridian io --top`: a live, iotop-like table of processes, redrawn every interval.
+
+Plain ANSI (alternate screen, cursor home, erase to end of line): no TUI library.
+Every number comes from the PID table (`table.py`), so from the exact kernel
+aggregates: throughput over the last interval, operations in it, that interval's
+latency percentiles and cache hit ratio. Ctrl-C (or --duration) restores the screen
+and prints the usual per-PID summary.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from ...errors import UsageError
+from ...hist import Log2Hist
+from ...output import fmt_bytes
+from .model import percentile_ns
+from .table import NSLOTS, PidTable, Row
+
+__all__ = ["SORTS", "check_terminal", "fmt_ns", "render", "run_top", "sort_rows"]
+
+SORTS = ("bytes", "latency", "ops")
+ENTER = "\x1b[?1049h\x1b[?25l"  # alternate screen, cursor hidden
+LEAVE = "\x1b[?25h\x1b[?1049l"  # cursor shown, main screen back
+HOME = "\x1b[H"
+EOL = "\x1b[K"  # erase to the end of the line
+EOS = "\x1b[J"  # erase below
+HEADER = ("PID", "COMM", "R/s", "W/s", "R OPS", "W OPS", "P50", "P99", "HIT%")
+WIDTHS = (7, 15, 8, 8, 7, 7, 7, 7, 6)  # 80 columns with the spaces
+
+
+def fmt_ns(ns: float | None) -> str:
+    if ns is None:
+        return "-"
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.1f}{unit}" if ns < 100 * scale else f"{ns / scale:.0f}{unit}"
+    return f"{ns:.0f}ns"
+
+
+def _latency(row: Row) -> Log2Hist:
+    h = Log2Hist.empty(NSLOTS, "nsecs")
+    for v in row.ops.values():
+        h = h + v.interval_hist
+    return h
+
+
+def _p(row: Row, q: float) -> float | None:
+    h = _latency(row)
+    return percentile_ns(h, q, max(v.latency_max_ns for v in row.ops.values())) if h.total else None
+
+
+def _interval_ops(row: Row) -> int:
+    return sum(v.interval_ops for v in row.ops.values())
+
+
+def sort_rows(rows: list[Row], key: str) -> list[Row]:
+    """bytes: read + write throughput; latency: p99 of the interval; ops: operations."""
+    if key not in SORTS:
+        raise UsageError(f"--sort takes one of {', '.join(SORTS)}, got {key!r}")
+    if key == "bytes":
+        return sorted(rows, key=lambda r: (-r.total(1), -_interval_ops(r), r.pid or 0))
+    if key == "ops":
+        return sorted(rows, key=lambda r: (-_interval_ops(r), -r.total(1), r.pid or 0))
+    return sorted(rows, key=lambda r: (-(_p(r, 0.99) or 0.0), -r.total(1), r.pid or 0))
+
+
+def _cells(row: Row) -> list[str]:
+    rd, wr = row.ops["read"], row.ops["write"]
+    ops = _interval_ops(row)
+    cached = sum(v.interval_cached_ops for v in row.ops.values())
+    label = str(row.pid) if row.level == "pid" else f"({row.processes})"
+    return [
+        label,
+        row.comm[:15],
+        fmt_bytes(rd.bytes_per_s[1]),
+        fmt_bytes(wr.bytes_per_s[1]),
+        str(rd.interval_ops),
+        str(wr.interval_ops),
+        fmt_ns(_p(row, 0.5)),
+        fmt_ns(_p(row, 0.99)),
+        f"{100 * cached / ops:.1f}" if ops else "-",
+    ]
+
+
+def _line(cells: list[str]) -> str:
+    parts = [cells[0].rjust(WIDTHS[0]), cells[1].ljust(WIDTHS[1])]
+    parts += [c.rjust(w) for c, w in zip(cells[2:], WIDTHS[2:], strict=True)]
+    return " ".join(parts)
+
+
+def render(
+    rows: list[Row],
+    sort: str,
+    interval: float,
+    lost: dict[str, int],
+    size: tuple[int, int] = (120, 40),
+    clock: Callable[[], str] = lambda: time.strftime("%H:%M:%S"),
+) -> str:
+    """One frame, as text with ANSI codes, cut to the terminal's columns and lines."""
+    cols, lines = size
+    rows = sort_rows(rows, sort)
+    rd = sum(r.ops["read"].bytes_per_s[1] for r in rows)
+    wr = sum(r.ops["write"].bytes_per_s[1] for r in rows)
+    dropped = ", ".join(f"{k}={v}" for k, v in lost.items() if v)
+    head = [
+        f"meridian io --top  {clock()}  every {interval:g}s  sorted by {sort}  "
+        f"processes {sum(r.processes for r in rows)}",
+        f"total read {fmt_bytes(rd)}/s  write {fmt_bytes(wr)}/s"
+        + (f"  lost: {dropped}" if dropped else ""),
+        "",
+        _line(list(HEADER)),
+    ]
+    body = [_line(_cells(r)) for r in rows][: max(0, lines - len(head) - 1)]
+    text = [x[:cols] + EOL for x in head + body]
+    return HOME + "\n".join(text) + "\n" + EOS
+
+
+def check_terminal(out: TextIO) -> None:
+    if not out.isatty():
+        raise UsageError(
+            "--top draws a live view and needs a terminal, but stdout is not one "
+            "(to pipe or log, leave out --top: JSON lines or --format text)"
+        )
+
+
+def run_top(
+    tool: Any,
+    table: PidTable,
+    opts: Any,
+    out: TextIO,
+    retire: Callable[[Any], None],
+) -> None:
+    """Redraw every opts.interval until Ctrl-C or opts.duration; restore the screen."""
+    check_terminal(out)
+    start = time.monotonic()
+    end = start + opts.duration if opts.duration else None
+    out.write(ENTER)
+    try:
+        while True:
+            keys, vals = tool.stats()
+            retire(table.update(keys, vals, time.monotonic_ns()))
+            size = shutil.get_terminal_size()
+            rows = table.rows(opts.max_series)
+            lost = tool.counters()
+            out.write(render(rows, opts.sort, opts.interval, lost, (size.columns, size.lines)))
+            out.flush()
+            now = time.monotonic()
+            if end is not None and now >= end:
+                break
+            wait = opts.interval if end is None else min(opts.interval, end - now)
+            time.sleep(max(wait, 0.0))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        out.write(LEAVE)
+        out.flush()

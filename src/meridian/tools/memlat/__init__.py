@@ -1,0 +1,21 @@
+"""meridian memlat: page-fault handling latency (seed 001), t_exit - t_entry matched
+per thread, as log2 histograms per minor/major fault and, with -P, per process.
+
+The kernel counts into a per-CPU hash map keyed by (pid, kind, comm); every view here
+is a sum over it. Intervals are differences of two snapshots, so no sample is lost to
+a read-then-clear race. `meridian memlat validate` runs the seed's on/off experiment.
+A latency tool: what it shares with runqlat is in `meridian.latency`.
+
+  model.py     options, the (pid, kind, comm) key, snapshots, summaries with the tail
+  kernel.py    the session: strategies, perf-event exits, the map reads
+  views.py     text and JSON reports
+  metrics.py   the exported series
+  validate.py  the on/off experiment with the page-touch workload
+  cli.py       the command line
+"""
+
+from .cli import add_parser, run
+from .kernel import STRATEGIES, Memlat
+from .model import Options
+
+__all__ = ["STRATEGIES", "Memlat", "Options", "add_parser", "run"]

@@ -1,0 +1,124 @@
+"""memlat's command line: `meridian memlat [interval] [count]`, its options, -o FILE,
+and `meridian memlat validate`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any, TextIO
+
+from ...errors import UsageError
+from ...latency import LatencyCli
+from ...reporting import options_of, pid_arg, positive_number, run_histograms
+from .kernel import STRATEGIES, Memlat
+from .model import Options
+from .validate import validate, validate_text
+from .views import report_json, report_text
+
+__all__ = ["add_parser", "run", "run_options"]
+
+EXAMPLES = """examples:
+  meridian memlat                  # minor/major fault latency histograms until Ctrl-C
+  meridian memlat 1 10             # print 1 second summaries, 10 times
+  meridian memlat --ns 5           # nanosecond buckets, every 5 seconds
+  meridian memlat -P -p 1234       # per process, only PID 1234
+  meridian memlat --threshold 16   # tail line counts faults >= 16 us
+  meridian memlat --duration 10 -o faults.txt   # one 10 s report, also saved to a file
+  meridian memlat --json 1         # one JSON object per second
+  meridian memlat -P --prometheus :9435   # histograms on /metrics, read on scrape
+  meridian memlat validate         # the on/off experiment: 10 s idle, 10 s page-touch
+  meridian memlat validate --seconds 3 --json
+"""
+
+
+def run_options(opts: Options, out: TextIO) -> int:
+    banner = "Tracing page faults... Hit Ctrl-C to end."
+    return run_histograms(Memlat(opts), opts, out, banner, report_json, report_text)
+
+
+class _Cli(LatencyCli[Options]):
+    name = "memlat"
+    help = "page-fault latency histograms, minor/major, per process; validate"
+    description = (
+        "Summarize page-fault handling latency (handle_mm_fault entry to exit) "
+        "as histograms per minor/major fault. 'validate' as first argument runs the "
+        "on/off experiment with a built-in page-touch workload."
+    )
+    examples = EXAMPLES
+    strategies = STRATEGIES
+    experiment_option = "--mb"
+    experiment_seconds = 10.0
+    run_options = staticmethod(run_options)
+    validate_text = staticmethod(validate_text)
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--ns", action="store_true", help="histograms in nsecs")
+        p.add_argument(
+            "--threshold", metavar="US", help="tail threshold in microseconds (default 8)"
+        )
+
+    def add_output_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("-o", "--output", metavar="FILE", help="also write the reports to FILE")
+
+    def add_experiment_arguments(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument("--mb", metavar="MIB", help="page-touch region size (default 256)")
+
+    def options(self, args: argparse.Namespace, report: dict[str, Any]) -> Options:
+        threshold = positive_number(args.threshold, "--threshold")
+        return options_of(
+            Options,
+            args,
+            **report,
+            per_process=args.pids,
+            pid=pid_arg(args.pid),
+            threshold_us=threshold if threshold is not None else 8.0,
+            output=_output(args.output),
+        )
+
+    @contextlib.contextmanager
+    def output(self, opts: Options) -> Iterator[TextIO]:
+        with contextlib.ExitStack() as stack:
+            f = stack.enter_context(open(opts.output, "w")) if opts.output else None
+            yield _Tee(sys.stdout, f)  # type: ignore[misc]
+
+    def validate(
+        self, opts: Options, seconds: float, value: int | None
+    ) -> tuple[bool, dict[str, Any]]:
+        return validate(opts, seconds, value or 256)
+
+
+def _output(path: str | None) -> str | None:
+    if path is None:
+        return None
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise UsageError(f"cannot write {path}: directory {parent} does not exist")
+    if Path(path).is_dir():
+        raise UsageError(f"cannot write {path}: it is a directory, give a file name")
+    return path
+
+
+class _Tee:
+    """Write to stdout and, with -o, to a file too."""
+
+    def __init__(self, out: TextIO, file: IO[str] | None) -> None:
+        self.out, self.file = out, file
+
+    def write(self, s: str) -> int:
+        self.out.write(s)
+        if self.file:
+            self.file.write(s)
+        return len(s)
+
+    def flush(self) -> None:
+        self.out.flush()
+        if self.file:
+            self.file.flush()
+
+
+CLI = _Cli()
+add_parser = CLI.add_parser
+run = CLI.run

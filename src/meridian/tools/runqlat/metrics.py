@@ -1,0 +1,27 @@
+"""runqlat's exported series."""
+
+from __future__ import annotations
+
+from ...export import Family, Point
+from ...latency.metrics import Attrs, hist_point, process_attrs
+from ...reporting import duration_family
+from .model import Options, Snapshot
+
+__all__ = ["series"]
+
+
+def series(snap: Snapshot, opts: Options) -> list[Family]:
+    """The exported families (cumulative since attach): the run-queue latency
+    histogram, per process with -P."""
+    dur = duration_family(
+        "system.runqueue.duration",
+        "Run-queue latency: wake-up or preemption until the task runs",
+    )
+    lost = Family(
+        "meridian.runqlat.lost", "counter", "{event}", "Waits not in the histograms, by reason"
+    )
+    for (pid, comm), c in sorted(snap.cells.items()):
+        a: Attrs = process_attrs(pid, comm) if opts.per_process else {}
+        dur.points.append(hist_point(a, c, opts.unit_ns))
+    lost.points.append(Point({"reason": "hists_full"}, snap.counters.get("hists_full", 0)))
+    return [dur, lost]

@@ -1,0 +1,222 @@
+"""The command line of `meridian syscalls`: its parser (`add_parser`), the checks that
+turn the arguments into Options, and `run`, which picks the view: the terminal UI, the
+plain lines of a live capture, or the replay of a recording."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ...errors import ExtraMissing, UsageError
+from ...reporting import parse_pid
+from .capture import CaptureFeed, capture, capture_tui
+from .kernel import STRATEGIES
+from .numbers import resolve_names
+from .options import Options, build_filter
+from .recording import read_until_damage
+from .text import replay
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+__all__ = ["add_parser", "cgroup_id", "options_from_args", "run"]
+
+D = TypeVar("D", bound="DataclassInstance")
+
+
+EXAMPLES = """examples:
+  meridian syscalls                      # the terminal UI (plain lines when piped)
+  meridian syscalls --no-tui             # every file-system syscall, system-wide
+  meridian syscalls -- ls /etc           # a command from its first syscall (and children)
+  meridian syscalls -p 812               # a running process (and the children it forks)
+  meridian syscalls -e openat,unlinkat   # only these syscalls
+  meridian syscalls --all -p 812         # every syscall of PID 812
+  meridian syscalls --cgroup /sys/fs/cgroup/system.slice/nginx.service  # one cgroup
+  meridian syscalls --failed             # only failing calls (the start row too)
+  meridian syscalls --errno ENOENT       # only calls that failed with ENOENT
+  meridian syscalls --filter passwd      # a substring anywhere (any case if lower case)
+  meridian syscalls --path '^/etc' --regex  # calls on paths under /etc
+  meridian syscalls --full               # the full log: starts and ends with indices
+  meridian syscalls --json -- make       # one JSON object per call, pairing indices
+  meridian syscalls -w trace.jsonl.zst -- make   # record JSON lines (zstd) while printing
+  meridian syscalls -w trace.rec.zst -q  # record raw kernel records only (no view)
+  meridian syscalls -r trace.jsonl.zst --failed  # replay a recording, filtered
+"""
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "syscalls",
+        help="file-system syscall viewer: paired start/end, compact and filtered logs",
+        description=(
+            "Show file-system syscalls as start and end events paired into calls, "
+            "with decoded arguments, paths of fds, results and durations."
+        ),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("command", nargs="*", help="-- COMMAND ARGS: trace this command")
+    p.add_argument("-e", dest="names", metavar="SYSCALLS", help="comma-separated syscalls")
+    p.add_argument("--all", action="store_true", help="every syscall, not only file ones")
+    p.add_argument("-p", "--pid", action="append", default=[], metavar="PID", help="trace PID")
+    p.add_argument("--no-follow", action="store_true", help="do not trace forked children")
+    p.add_argument("--cgroup", metavar="DIR", help="only tasks in this cgroup v2 directory")
+    p.add_argument("--full", action="store_true", help="the full log: starts and ends")
+    p.add_argument("--json", action="store_true", help="JSON lines")
+    p.add_argument(
+        "-w",
+        dest="write",
+        metavar="FILE",
+        help="record every event: raw kernel records, or JSON lines when FILE ends in "
+        ".jsonl/.json, written from a raw spool (FILE.part.rec) (.zst: zstd-compressed)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="with -w: record only, show nothing")
+    p.add_argument(
+        "--record-format",
+        choices=("raw", "jsonl"),
+        help="-w format regardless of the name: raw or jsonl (both lossless; jsonl is "
+        "written while capture has time to spare, the rest at the end, about 15 s per "
+        "million events)",
+    )
+    p.add_argument("-r", dest="read", metavar="FILE", help="replay a recording")
+    p.add_argument("--filter", dest="text", metavar="TEXT", help="text in any field")
+    p.add_argument("--regex", action="store_true", help="--filter/--comm/--path are regexes")
+    p.add_argument(
+        "--comm", metavar="NAME", help="process name contains NAME (in the kernel unless --regex)"
+    )
+    p.add_argument("--path", metavar="TEXT", help="a path argument contains TEXT")
+    p.add_argument("--failed", action="store_true", help="only calls that failed")
+    p.add_argument("--errno", metavar="NAMES", help="only calls failing with these errnos")
+    p.add_argument("--duration", metavar="SECONDS", type=float, help="stop after this long")
+    p.add_argument("--ring-mb", type=int, default=16, metavar="MB", help="ring buffer size")
+    p.add_argument(
+        "--max-rows",
+        type=int,
+        default=200_000,
+        metavar="N",
+        help="events kept in memory, live (default 200000; 0: no limit): past it the "
+        "oldest leave memory (they are in the -w recording); the TUI says how many",
+    )
+    p.add_argument(
+        "--strategy", choices=[s.name for s in STRATEGIES], help="force a probe strategy"
+    )
+    p.add_argument("--tui", action="store_true", help="the terminal UI (default on a terminal)")
+    p.add_argument("--no-tui", action="store_true", help="plain lines (default when piped)")
+    p.add_argument("-v", "--verbose", action="store_true", help="libbpf and strategy detail")
+    return p
+
+
+def cgroup_id(path: str, mounts: str = "/proc/self/mounts") -> int:
+    """The id the kernel gives a cgroup v2 directory (its inode number)."""
+    real = os.path.realpath(path)
+    roots = []
+    with open(mounts) as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 2 and fields[2] == "cgroup2":
+                roots.append(fields[1])
+    if not any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots):
+        where = ", ".join(roots) or "nowhere (mount -t cgroup2 none /sys/fs/cgroup)"
+        raise UsageError(
+            f"--cgroup {path}: not a cgroup v2 directory; cgroup2 is mounted at {where}"
+        )
+    if not os.path.isfile(os.path.join(real, "cgroup.procs")):
+        raise UsageError(f"--cgroup {path}: no such cgroup (no cgroup.procs in it)")
+    return os.stat(real).st_ino
+
+
+def _pids(values: list[str], running: bool) -> list[int]:
+    """-p values (repeated or comma-separated): process ids, of running processes
+    unless replaying."""
+    pids = []
+    for raw in values:
+        for part in str(raw).split(","):
+            pid = parse_pid(part, "process ids", "> 0")
+            if running and not os.path.exists(f"/proc/{pid}"):
+                raise UsageError(f"no process {pid}: see ps")
+            pids.append(pid)
+    return pids
+
+
+def _check(args: argparse.Namespace, names: list[str], pids: list[int]) -> None:
+    """The combinations and values the parser alone does not refuse."""
+    if args.duration is not None and not args.duration > 0:
+        raise UsageError(f"--duration must be greater than 0, got {args.duration}")
+    if args.read and (args.command or args.write):
+        raise UsageError("-r replays a recording: it takes no command and no -w")
+    if args.command and pids:
+        raise UsageError("give either -p PID or -- COMMAND, not both")
+    if args.max_rows < 0:
+        raise UsageError(f"--max-rows must be 0 or more, got {args.max_rows}")
+    if args.quiet and not args.write:
+        raise UsageError("-q records only: it needs -w FILE")
+    if args.ring_mb <= 0:
+        raise UsageError(f"--ring-mb must be greater than 0, got {args.ring_mb}")
+    if names and args.all:
+        raise UsageError("give either -e SYSCALLS or --all, not both")
+
+
+def _from_args(cls: type[D], args: argparse.Namespace, **given: Any) -> D:
+    """The dataclass `cls` with the `given` fields, and every other field from the
+    argument of the same name."""
+    same = {f.name: getattr(args, f.name) for f in fields(cls) if f.name not in given}
+    return cls(**same, **given)
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    names = resolve_names(args.names.split(",")) if args.names else []
+    pids = _pids(args.pid, running=not args.read)
+    _check(args, names, pids)
+    errnos = [e.strip() for e in args.errno.split(",") if e.strip()] if args.errno else []
+    plain = args.no_tui or args.quiet or args.json or args.full or not sys.stdout.isatty()
+    return _from_args(
+        Options,
+        args,
+        names=names,
+        pids=pids,
+        command=list(args.command),
+        follow=not args.no_follow,
+        errnos=errnos,
+        cgroup_id=cgroup_id(args.cgroup) if args.cgroup else None,
+        tui=args.tui or not plain,
+    )
+
+
+def _tui_module() -> Any:
+    try:
+        from . import tui
+    except ImportError:
+        raise ExtraMissing("the syscalls terminal UI", "tui") from None
+    return tui
+
+
+def run_tui(opts: Options) -> int:
+    tui = _tui_module()
+    flt = build_filter(opts, replay=bool(opts.read))
+    if opts.read:
+        events, damage = read_until_damage(opts.read)
+        app = tui.SyscallsApp(tui.ListFeed(events), live=False, flt=flt)
+        app.warning = str(damage) if damage else None
+        app.run()
+        if damage:
+            raise damage
+        return 0
+
+    def show(feed: CaptureFeed) -> None:
+        tui.SyscallsApp(feed, live=True, flt=flt, max_rows=opts.max_rows, spill=opts.write).run()
+
+    return capture_tui(opts, show)
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = options_from_args(args)
+    # Build the filters now: a bad regex is a usage error before anything loads.
+    build_filter(opts, replay=bool(opts.read))
+    if opts.tui:
+        return run_tui(opts)
+    if opts.read:
+        return replay(opts, sys.stdout, sys.stderr)
+    return capture(opts, sys.stdout, sys.stderr)
