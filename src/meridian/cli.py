@@ -22,9 +22,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _tools() -> list[Any]:
-    from .tools import biolat, doctor, io, memlat, runqlat, syscalls
+    from .tools import biolat, doctor, io, memlat, runqlat, sentinel, syscalls
 
-    return [biolat, memlat, runqlat, syscalls, io, doctor]
+    return [biolat, memlat, runqlat, syscalls, io, sentinel, doctor]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -46,6 +46,9 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "bpf_program__fd": (_i, [_p]),
     "bpf_program__attach": (_p, [_p]),
     "bpf_program__attach_perf_event": (_p, [_p, _i]),
+    "bpf_program__attach_perf_event_opts": (_p, [_p, _i, _p]),
+    "bpf_program__attach_xdp": (_p, [_p, _i]),
+    "bpf_prog_test_run_opts": (_i, [_i, _p]),
     "bpf_program__set_log_buf": (_i, [_p, _p, _sz]),
     "bpf_program__set_log_level": (_i, [_p, _u32]),
     "bpf_link__destroy": (_i, [_p]),
@@ -184,6 +187,55 @@ def perf_event_open(attr: bytes, pid: int, cpu: int, group_fd: int, flags: int) 
     buf = _c.create_string_buffer(attr, len(attr))
     fd = _libc.syscall(_c.c_long(nr), buf, _i(pid), _i(cpu), _i(group_fd), _c.c_ulong(flags))
     return int(fd) if fd >= 0 else -_c.get_errno()
+
+
+def attach_perf_event_cookie(prog: int, perf_fd: int, cookie: int) -> int:
+    """bpf_program__attach_perf_event_opts with a bpf_cookie; the link handle or 0.
+    `struct bpf_perf_event_opts` as libbpf 1.0 has it: size_t sz, u64 bpf_cookie
+    (later versions accept this smaller size)."""
+    opts = _c.create_string_buffer(_perf_event_opts(cookie), 16)
+    return int(lib().bpf_program__attach_perf_event_opts(prog, perf_fd, opts) or 0)
+
+
+def _perf_event_opts(cookie: int) -> bytes:
+    return (16).to_bytes(8, sys.byteorder) + (cookie & (2**64 - 1)).to_bytes(8, sys.byteorder)
+
+
+class _TestRunOpts(_c.Structure):
+    """struct bpf_test_run_opts (libbpf 1.0)."""
+
+    _fields_ = (
+        ("sz", _sz),
+        ("data_in", _p),
+        ("data_out", _p),
+        ("data_size_in", _u32),
+        ("data_size_out", _u32),
+        ("ctx_in", _p),
+        ("ctx_out", _p),
+        ("ctx_size_in", _u32),
+        ("ctx_size_out", _u32),
+        ("retval", _u32),
+        ("repeat", _i),
+        ("duration", _u32),
+        ("flags", _u32),
+        ("cpu", _u32),
+        ("batch_size", _u32),
+    )
+
+
+def prog_test_run(prog_fd: int, data: bytes, repeat: int = 1) -> tuple[int, int, int]:
+    """BPF_PROG_TEST_RUN on `data` (XDP, tc, ...): (ret, program return value, average
+    ns per run). `struct bpf_test_run_opts` (libbpf 1.0): sz, data_in, data_out,
+    data_size_in, data_size_out, ctx_in, ctx_out, ctx_size_in, ctx_size_out, retval,
+    repeat, duration, flags, cpu, batch_size: 80 bytes."""
+
+    buf = _c.create_string_buffer(data, len(data))
+    opts = _TestRunOpts(
+        sz=_c.sizeof(_TestRunOpts), data_in=_c.addressof(buf), data_size_in=len(data)
+    )
+    opts.repeat = repeat
+    ret = int(lib().bpf_prog_test_run_opts(prog_fd, _c.byref(opts)))
+    return ret, int(opts.retval), int(opts.duration)
 
 
 def possible_cpus() -> int:

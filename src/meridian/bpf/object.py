@@ -61,11 +61,33 @@ class Program:
             raise BpfError(f"attaching {self.name} ({self.section})", L.errno() or _errno.EINVAL)
         return self._obj._keep(Link(link, self.name))
 
-    def attach_perf_event(self, perf_fd: int) -> Link:
-        """Attach to an open perf event; the link owns (and closes) the fd."""
-        link = L.lib().bpf_program__attach_perf_event(self._handle, perf_fd)
+    def attach_perf_event(self, perf_fd: int, cookie: int | None = None) -> Link:
+        """Attach to an open perf event; the link owns (and closes) the fd. A `cookie`
+        is what the program reads with bpf_get_attach_cookie() (Linux >= 5.15)."""
+        if cookie is None:
+            link = L.lib().bpf_program__attach_perf_event(self._handle, perf_fd)
+        else:
+            link = L.attach_perf_event_cookie(self._handle, perf_fd, cookie)
         if not link:
             raise BpfError(f"attaching {self.name} to a perf event", L.errno() or _errno.EINVAL)
+        return self._obj._keep(Link(link, self.name))
+
+    def test_run(self, data: bytes, repeat: int = 1) -> tuple[int, int]:
+        """Run a loaded program on `data` in the kernel (BPF_PROG_TEST_RUN: XDP, tc,
+        socket filters): its return value and the average ns per run over `repeat`."""
+        ret = L.prog_test_run(self.fd, data, repeat)
+        if ret[0]:
+            raise BpfError(f"test run of {self.name}", L.neg_errno(ret[0]))
+        return ret[1], ret[2]
+
+    def attach_xdp(self, ifindex: int) -> Link:
+        """Attach an XDP program to an interface through a BPF link (Linux >= 5.9):
+        destroying the link (or closing the object) detaches it."""
+        link = L.lib().bpf_program__attach_xdp(self._handle, ifindex)
+        if not link:
+            raise BpfError(
+                f"attaching {self.name} (XDP) to ifindex {ifindex}", L.errno() or _errno.EINVAL
+            )
         return self._obj._keep(Link(link, self.name))
 
 
@@ -186,6 +208,14 @@ class BpfObject:
     def _keep(self, link: Link) -> Link:
         self._links.append(link)
         return link
+
+    def drop(self, links: Iterable[Link]) -> None:
+        """Detach these links now and forget them (a tool that re-attaches while
+        running, such as a rotation of perf events, keeps no dead links)."""
+        gone = {id(link) for link in links}
+        for link in [lk for lk in self._links if id(lk) in gone]:
+            link.destroy()
+        self._links = [lk for lk in self._links if id(lk) not in gone]
 
     def detach(self) -> None:
         while self._links:

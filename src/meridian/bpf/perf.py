@@ -1,5 +1,23 @@
 """perf_event_open(2) for software and hardware events, one fd per CPU, for
-perf_event programs (page faults, CPU clock, PMU counters)."""
+perf_event programs (page faults, CPU clock, PMU counters, precise memory events).
+
+`perf_event_attr` writes the kernel's `struct perf_event_attr`
+(include/uapi/linux/perf_event.h, PERF_ATTR_SIZE_VER7 = 128 bytes):
+
+    off  field                      off  field
+      0  u32 type                    56  u64 config1 (bp_addr, kprobe_func)
+      4  u32 size                    64  u64 config2 (bp_len)
+      8  u64 config                  72  u64 branch_sample_type
+     16  u64 sample_period|freq      80  u64 sample_regs_user
+     24  u64 sample_type             88  u32 sample_stack_user, s32 clockid
+     32  u64 read_format             96  u64 sample_regs_intr
+     40  u64 flags (bit fields)     104  u32 aux_watermark, u16 sample_max_stack
+     48  u32 wakeup_events          112  u32 aux_sample_size, u32 reserved
+     52  u32 bp_type                120  u64 sig_data
+
+Flag bits at offset 40: disabled 0, inherit 1, pinned 2, exclusive 3, exclude_user 4,
+exclude_kernel 5, exclude_hv 6, exclude_idle 7, ..., freq 10, ..., precise_ip 15-16.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +27,34 @@ import struct
 from ..errors import BpfError, NotSupported
 from . import _libbpf as L
 
-__all__ = ["PerfEvent", "online_cpus", "open_per_cpu", "perf_event_attr"]
+__all__ = [
+    "PerfEvent",
+    "online_cpus",
+    "open_attr_per_cpu",
+    "open_per_cpu",
+    "perf_event_attr",
+]
 
-PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE = 0, 1
+PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE, PERF_TYPE_HW_CACHE, PERF_TYPE_RAW = 0, 1, 3, 4
 ATTR_SIZE = 128  # PERF_ATTR_SIZE_VER7; the kernel accepts any known size
 FLAG_DISABLED, FLAG_FREQ = 1 << 0, 1 << 10
+FLAG_EXCLUDE_HV = 1 << 6
+PRECISE_IP_SHIFT = 15  # two bits: 0 arbitrary skid ... 3 zero skid
 PERF_FLAG_FD_CLOEXEC = 1 << 3
+
+# sample_type bits (enum perf_event_sample_format)
+SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME, SAMPLE_ADDR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+SAMPLE_CALLCHAIN, SAMPLE_CPU, SAMPLE_PERIOD = 1 << 5, 1 << 7, 1 << 8
+SAMPLE_BRANCH_STACK, SAMPLE_WEIGHT, SAMPLE_DATA_SRC = 1 << 11, 1 << 14, 1 << 15
+SAMPLE_PHYS_ADDR = 1 << 19
+
+# branch_sample_type bits (enum perf_branch_sample_type)
+BRANCH_USER, BRANCH_KERNEL, BRANCH_HV, BRANCH_ANY = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+
+# Event types a host may lack (no PMU, a VM): perf_event_open says ENOENT, ENODEV or
+# EOPNOTSUPP for them, and the caller falls back to a software event.
+_PMU_TYPES = (PERF_TYPE_HARDWARE, PERF_TYPE_HW_CACHE, PERF_TYPE_RAW)
+_NO_PMU_ERRNOS = (2, 19, 95)  # ENOENT, ENODEV, EOPNOTSUPP
 
 
 class PerfEvent:
@@ -32,11 +72,41 @@ class PerfEvent:
 
 
 def perf_event_attr(
-    ev_type: int, config: int, sample_period: int = 0, freq: int = 0, disabled: bool = False
+    ev_type: int,
+    config: int,
+    sample_period: int = 0,
+    freq: int = 0,
+    disabled: bool = False,
+    *,
+    sample_type: int = 0,
+    precise_ip: int = 0,
+    config1: int = 0,
+    branch_sample_type: int = 0,
 ) -> bytes:
-    """A `struct perf_event_attr`: sample every `sample_period` events, or `freq` per second."""
+    """A `struct perf_event_attr`: sample every `sample_period` events, or `freq` per
+    second. `precise_ip` (0-3) asks for PEBS/IBS skid control; `branch_sample_type`
+    (LBR) implies PERF_SAMPLE_BRANCH_STACK in `sample_type`."""
+    if not 0 <= precise_ip <= 3:
+        raise ValueError(f"precise_ip is 0..3, not {precise_ip}")
     flags = (FLAG_DISABLED if disabled else 0) | (FLAG_FREQ if freq else 0)
-    head = struct.pack("<IIQQQQQ", ev_type, ATTR_SIZE, config, freq or sample_period, 0, 0, flags)
+    flags |= precise_ip << PRECISE_IP_SHIFT
+    if branch_sample_type:
+        sample_type |= SAMPLE_BRANCH_STACK
+    head = struct.pack(
+        "<IIQQQQQIIQQQ",
+        ev_type,
+        ATTR_SIZE,
+        config,
+        freq or sample_period,
+        sample_type,
+        0,  # read_format
+        flags,
+        0,  # wakeup_events
+        0,  # bp_type
+        config1,
+        0,  # config2
+        branch_sample_type,
+    )
     return head + bytes(ATTR_SIZE - len(head))
 
 
@@ -59,20 +129,28 @@ def open_per_cpu(
 ) -> list[int]:
     """One fd per online CPU; closes what it opened if any CPU fails."""
     attr = perf_event_attr(event[0], event[1], sample_period, freq)
+    return open_attr_per_cpu(attr, pid=pid)
+
+
+def open_attr_per_cpu(attr: bytes, pid: int = -1, cpus: list[int] | None = None) -> list[int]:
+    """One fd per CPU (default: every online CPU, in order) for a ready-made attr;
+    closes what it opened if any CPU fails. A PMU event the host cannot count raises
+    NotSupported (callers fall back to a software event)."""
+    ev_type, _size, config = struct.unpack_from("<IIQ", attr, 0)
     fds: list[int] = []
     try:
-        for cpu in online_cpus():
+        for cpu in online_cpus() if cpus is None else cpus:
             fd = L.perf_event_open(attr, pid, cpu, -1, PERF_FLAG_FD_CLOEXEC)
             if fd < 0:
                 err = -fd
-                if event[0] == PERF_TYPE_HARDWARE and err in (2, 95, 19):  # ENOENT, EOPNOTSUPP
+                if ev_type in _PMU_TYPES and err in _NO_PMU_ERRNOS:
                     raise NotSupported(
                         "hardware perf events",
                         f"perf_event_open refused ({os.strerror(err)})",
                         "use bare metal or a VM with a virtual PMU",
                     )
                 raise BpfError(
-                    f"perf_event_open(type={event[0]}, config={event[1]}, cpu={cpu})", err
+                    f"perf_event_open(type={ev_type}, config={config:#x}, cpu={cpu})", err
                 )
             fds.append(fd)
     except BaseException:

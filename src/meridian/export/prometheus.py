@@ -21,6 +21,7 @@ from .series import HistPoint, Point, Source
 __all__ = [
     "PrometheusServer",
     "SeriesCollector",
+    "families",
     "log2_le_buckets",
     "parse_listen",
     "prom_label",
@@ -121,18 +122,21 @@ def parse_listen(value: str, option: str = "--prometheus") -> tuple[str, int]:
 class PrometheusServer:
     """Serves /metrics from a thread until `close()`. A port in use is a UsageError."""
 
-    def __init__(self, source: Source, where: tuple[str, int]) -> None:
+    def __init__(
+        self, source: Source, where: tuple[str, int], option: str = "--prometheus"
+    ) -> None:
+        """`option` names the flag in errors (each tool's own: --metrics-port ...)."""
         try:
             from prometheus_client import CollectorRegistry, start_http_server
         except ImportError:
-            raise ExtraMissing("--prometheus", "prometheus") from None
+            raise ExtraMissing(option, "prometheus") from None
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SeriesCollector(source))
         try:
             self.server, self.thread = start_http_server(where[1], addr=where[0], registry=registry)
         except OSError as exc:
             raise UsageError(
-                f"--prometheus cannot listen on {where[0]}:{where[1]}: {exc.strerror}"
+                f"{option} cannot listen on {where[0]}:{where[1]}: {exc.strerror}"
             ) from None
 
     @property

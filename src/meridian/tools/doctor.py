@@ -30,7 +30,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _strategies() -> dict[str, str]:
-    from . import biolat, io, memlat, runqlat, syscalls
+    from . import biolat, io, memlat, runqlat, sentinel, syscalls
 
     out = {}
     for tool, strategies in (
@@ -39,6 +39,7 @@ def _strategies() -> dict[str, str]:
         ("runqlat", runqlat.STRATEGIES),
         ("syscalls", syscalls.STRATEGIES),
         ("io", io.STRATEGIES),
+        ("sentinel", sentinel.STRATEGIES),
     ):
         try:
             out[tool] = features.choose(strategies).name

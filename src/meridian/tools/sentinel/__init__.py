@@ -1,0 +1,18 @@
+"""meridian sentinel: PMU samples attributed to network flows (seed 003, MicroSentinel).
+
+One module per concept: records, events, flows, kernel (the kernel session),
+stackmaps (its two stack maps in turn) and mock (the synthetic source); clock, skew,
+targets, interference, aggregator (the pipeline); symbolizer, with frames, symcache
+(bounded caches, interning), procview (process views) and dataobjects; config,
+modes, rotator, anomaly, metrics (control and export); agent (the threads' start and
+stop), state (what they share), consumer, flush, control (part 2's API) and resolver
+(ids and names at a bounded cost); runtime (the command's run and summary), view
+(what people see) and cli (the command line).
+"""
+
+from __future__ import annotations
+
+from .cli import add_parser, run
+from .kernel import STRATEGIES
+
+__all__ = ["STRATEGIES", "add_parser", "run"]

@@ -1,0 +1,147 @@
+"""`meridian sentinel`: the command line. Flags default to None so that only the
+flags a person typed override the YAML file (config.merge_args); every mistake is
+found here, before anything is loaded or served, and is one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from typing import Any
+
+from ...errors import UsageError
+
+__all__ = ["EXAMPLES", "add_parser", "check_host", "config_from_args", "run"]
+
+EXAMPLES = """examples:
+  meridian sentinel                            # sample cheaply, live top flows (Ctrl-C ends)
+  meridian sentinel --duration 30              # 30 s, then the top flows with their stacks
+  meridian sentinel --mode diagnostic -F 4999  # richer events, higher budget and frequency
+  meridian sentinel --events 'cycles,llc-misses;branch-misses'   # two groups taking turns
+  meridian sentinel --events raw:0x1cd:0x1e    # a raw PMU code (config1 after the colon)
+  meridian sentinel --samples-per-sec 500 --hard-drop-ns 1000000   # per-CPU budget
+  meridian sentinel --interface eth0           # diagnostic mode when eth0's throughput drops
+  meridian sentinel --xdp eth0 -p 1234         # XDP flow hook on eth0; only PID 1234
+  meridian sentinel --json --duration 10       # one JSON object per flush window
+  meridian sentinel --metrics-port 9102 --metrics-address 0.0.0.0   # /metrics for all
+  meridian sentinel --print-config > sentinel.yaml   # every key with its default
+  meridian sentinel --config sentinel.yaml -v  # from a file; -v names strategy and events
+  meridian sentinel --perf-mock --mock-period-ms=25 --metrics-port=9102   # no kernel: demo
+"""
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "sentinel",
+        help="PMU samples attributed to network flows: which flows suffer cache misses, "
+        "branch mispredictions, remote DRAM, false sharing, and where (seed 003)",
+        description="Sample PMU events (cpu-clock where the CPU has none) on every CPU at "
+        "a bounded per-CPU budget, attribute each sample to the network flow the CPU "
+        "was handling, and show the flows by cost with their hottest functions and "
+        "stacks. OpenMetrics on --metrics-port. Flags override the --config file.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", metavar="FILE", help="YAML configuration (see --print-config)")
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the configuration (every key, flags applied) as YAML and exit",
+    )
+    p.add_argument("--mode", choices=["sentinel", "diagnostic"], default=None, help="mode at start")
+    p.add_argument("-F", "--frequency", metavar="HZ", help="samples per second per event and CPU")
+    p.add_argument(
+        "--events",
+        metavar="LIST",
+        help="events to sample in both modes, comma-separated; ';' separates groups that "
+        "take turns on the PMU (cycles, instructions, llc-misses, branch-misses, "
+        "remote-dram, hitm, cpu-clock, raw:0xCODE)",
+    )
+    p.add_argument("--samples-per-sec", metavar="N", help="sentinel budget, samples/s per CPU")
+    p.add_argument(
+        "--diagnostic-samples-per-sec", metavar="N", help="diagnostic budget, samples/s per CPU"
+    )
+    p.add_argument(
+        "--hard-drop-ns", metavar="N", help="after the budget runs out, drop everything this long"
+    )
+    _repeated(
+        p,
+        "--interface",
+        "IFACE",
+        "watch this interface's throughput (repeatable; default all but lo)",
+    )
+    _repeated(p, "--xdp", "IFACE", "add an XDP flow-context hook on this interface (repeatable)")
+    _repeated(p, "-p", "PID", "only this process", "--pid")
+    p.add_argument("--metrics-port", metavar="PORT", help="serve /metrics here (0: any port)")
+    p.add_argument("--metrics-address", metavar="HOST", help="address of /metrics")
+    _switch(p, "--perf-mock", "synthetic samples, no kernel (demos and tests)")
+    p.add_argument("--mock-period-ms", metavar="MS", help="ms between two mock batches")
+    p.add_argument("--duration", metavar="S", help="stop after this many seconds")
+    _switch(p, "--json", "one JSON object per flush window, and one summary object")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=None,
+        help="name the strategy, the event source, mode changes (libbpf detail too)",
+    )
+    return p
+
+
+def _switch(p: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """An on flag left None when absent, so the YAML file's value stands."""
+    p.add_argument(flag, action="store_const", const=True, default=None, help=help)
+
+
+def _repeated(p: argparse.ArgumentParser, flag: str, metavar: str, help: str, *more: str) -> None:
+    """A flag given once per value; None when absent, so the YAML file's list stands."""
+    p.add_argument(flag, *more, metavar=metavar, action="append", default=None, help=help)
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """The configuration: file (or defaults) with the typed flags laid over it."""
+    from .config import load_config, merge_args
+
+    return merge_args(load_config(args.config), args)
+
+
+def _interfaces() -> list[str]:
+    try:
+        return sorted(name for _, name in socket.if_nameindex())
+    except OSError:
+        return []
+
+
+def check_host(cfg: Any, proc_root: str = "/proc") -> None:
+    """What the host must have, checked before anything starts: the interfaces and
+    processes named."""
+    have = _interfaces()
+    for flag, names in (
+        ("--interface", cfg.anomaly.interfaces),
+        ("--xdp", [] if cfg.mock.enabled else cfg.perf.xdp_interfaces),
+    ):
+        for name in names:
+            if name not in have:
+                raise UsageError(
+                    f"{flag}: no interface {name!r} on this host (it has: {', '.join(have)})"
+                )
+    for pid in cfg.targets.pids:
+        if pid <= 0:
+            raise UsageError(f"-p takes a process ID (a positive whole number), got {pid}")
+        if not cfg.mock.enabled and not os.path.isdir(f"{proc_root}/{pid}"):
+            raise UsageError(f"-p: no process with PID {pid} (see ps -e)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .config import dump_config
+
+    cfg = config_from_args(args)
+    if args.print_config:
+        sys.stdout.write(dump_config(cfg))
+        return 0
+    check_host(cfg)
+    from .runtime import run_cli
+
+    return run_cli(cfg, sys.stdout, sys.stderr)

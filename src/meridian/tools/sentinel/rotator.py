@@ -1,0 +1,75 @@
+"""PMU rotation: a mode's event groups take turns on the PMU, one `rotation_window`
+each, because a CPU has only a few counters. A sample taken while its group held the
+PMU stands for `len(groups)` as many events over the whole time, so `scale` (the
+`ms_pmu_scale` gauge) is the number of groups and multiplies `norm_cost`.
+
+Generic over the event type: the runtime passes `EventSpec` groups, tests any value.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+__all__ = ["PmuRotator"]
+
+T = TypeVar("T")
+
+
+class PmuRotator(Generic[T]):
+    """Round-robin over event groups; `tick(now)` returns the new group when it turns."""
+
+    def __init__(
+        self,
+        groups: Sequence[Sequence[T]],
+        window_ns: int,
+        clock: Callable[[], int] = time.monotonic_ns,
+        max_events: int | None = None,
+    ) -> None:
+        if window_ns <= 0:
+            raise ValueError(f"rotation window must be above 0 ns, got {window_ns}")
+        self.window_ns = window_ns
+        self.clock = clock
+        self.max_events = max_events
+        self.groups: list[list[T]] = []
+        self.index = 0
+        self.started = 0
+        self.set_groups(groups)
+
+    def set_groups(self, groups: Sequence[Sequence[T]], now: int | None = None) -> list[T]:
+        """New groups (a mode change, the control plane's pmu-config): start again at
+        the first one; returns it."""
+        if not groups or not all(groups):
+            raise ValueError("the rotator needs at least one group, each with an event")
+        self.groups = [list(g) for g in groups]
+        self.index = 0
+        self.started = self.clock() if now is None else now
+        return self.current()
+
+    def set_max_events(self, n: int | None) -> list[T] | None:
+        """Limit the events opened per group (safety level); the current group when
+        that changes what is open, else None."""
+        before = self.current()
+        self.max_events = n
+        after = self.current()
+        return after if after != before else None
+
+    def current(self) -> list[T]:
+        group = self.groups[self.index]
+        return group[: self.max_events] if self.max_events else list(group)
+
+    @property
+    def scale(self) -> float:
+        """The sample scale: groups time-sharing the PMU."""
+        return float(len(self.groups))
+
+    def tick(self, now: int | None = None) -> list[T] | None:
+        """The next group when the current one has had its window, else None. One step
+        per call: a late tick does not skip groups."""
+        now = self.clock() if now is None else now
+        if len(self.groups) < 2 or now - self.started < self.window_ns:
+            return None
+        self.index = (self.index + 1) % len(self.groups)
+        self.started = now
+        return self.current()

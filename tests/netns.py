@@ -1,0 +1,148 @@
+"""Two network namespaces joined by a veth pair, for the kernel tests that need real
+traffic: 10.x addresses exist only inside the namespaces made here, every process
+started in them is killed, and both namespaces (with the veth) are deleted whatever
+the test's outcome. iperf3 runs between them for a bounded time."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["IPERF3", "NetnsPair", "netns_pair"]
+
+IPERF3 = shutil.which("iperf3") or "/usr/bin/iperf3"
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=10)
+
+
+@dataclass
+class NetnsPair:
+    """Namespace `a` (veth `veth_a`, address `addr_a`, IPv6 `addr6_a`) and `b`
+    likewise: one IPv4 /24 and one IPv6 ULA /64."""
+
+    a: str
+    b: str
+    veth_a: str
+    veth_b: str
+    addr_a: str
+    addr_b: str
+    addr6_a: str = ""
+    addr6_b: str = ""
+    children: list[subprocess.Popen[Any]] = field(default_factory=list)
+
+    def run(self, ns: str, *cmd: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["ip", "netns", "exec", ns, *cmd],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def popen(self, ns: str, *cmd: str, **kw: Any) -> subprocess.Popen[str]:
+        """A process in namespace `ns`, killed at teardown if still running."""
+        child: subprocess.Popen[str] = subprocess.Popen(
+            ["ip", "netns", "exec", ns, *cmd], text=True, **kw
+        )
+        self.children.append(child)
+        return child
+
+    def iperf3(
+        self,
+        seconds: float,
+        port: int = 5201,
+        cport: int | None = None,
+        udp: bool = False,
+        length: int | None = None,
+    ) -> dict[str, Any]:
+        """A TCP (or UDP) stream from a to b for `seconds`, `length` bytes a write;
+        iperf3's JSON result."""
+        server = self.popen(
+            self.b,
+            IPERF3,
+            "-s",
+            "-1",
+            "-B",
+            self.addr_b,
+            "-p",
+            str(port),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 5
+        cmd = [IPERF3, "-c", self.addr_b, "-p", str(port), "-t", f"{seconds:g}", "-J"]
+        if cport is not None:
+            cmd += ["--cport", str(cport)]
+        if udp:
+            cmd += ["-u", "-b", "0"]
+        if length is not None:
+            cmd += ["-l", str(length)]
+        while True:  # until the server listens
+            proc = subprocess.run(
+                ["ip", "netns", "exec", self.a, *cmd],
+                capture_output=True,
+                text=True,
+                timeout=seconds + 30,
+            )
+            result: dict[str, Any] = json.loads(proc.stdout or "{}")
+            if "error" not in result or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(5)
+        if "error" in result:
+            raise RuntimeError(f"iperf3: {result['error']}")
+        return result
+
+
+@contextlib.contextmanager
+def netns_pair(tag: str = "") -> Iterator[NetnsPair]:
+    """Make the pair (names unique to this process), yield it, tear it all down."""
+    n = os.getpid() % 250
+    suffix = f"{tag}{os.getpid()}"[-8:]
+    pair = NetnsPair(
+        a=f"msa{suffix}",
+        b=f"msb{suffix}",
+        veth_a=f"mva{suffix}",
+        veth_b=f"mvb{suffix}",
+        addr_a=f"10.231.{n}.1",
+        addr_b=f"10.231.{n}.2",
+        addr6_a=f"fd00:231:{n:x}::1",
+        addr6_b=f"fd00:231:{n:x}::2",
+    )
+    try:
+        _ip("netns", "add", pair.a)
+        _ip("netns", "add", pair.b)
+        _ip(
+            "link", "add", pair.veth_a, "netns", pair.a,
+            "type", "veth", "peer", "name", pair.veth_b, "netns", pair.b,
+        )  # fmt: skip
+        for ns, dev, addr, addr6 in (
+            (pair.a, pair.veth_a, pair.addr_a, pair.addr6_a),
+            (pair.b, pair.veth_b, pair.addr_b, pair.addr6_b),
+        ):
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            _ip("-n", ns, "-6", "addr", "add", f"{addr6}/64", "dev", dev, "nodad")
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+        yield pair
+    finally:
+        for child in pair.children:
+            if child.poll() is None:
+                child.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(5)
+            for pipe in (child.stdin, child.stdout, child.stderr):
+                if pipe is not None:
+                    pipe.close()
+        for ns in (pair.a, pair.b):  # deleting a namespace deletes its veth end
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)

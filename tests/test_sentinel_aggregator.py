@@ -1,0 +1,237 @@
+"""Aggregation: exact samples and norm_cost on a batch whose answer is known, the
+resolver called once per distinct key (a counting fake), time buckets, and the
+interference class of each event."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+
+from meridian.tools.sentinel.aggregator import ROLLUP_DTYPE, UNRESOLVED, Aggregator, Rollup
+from meridian.tools.sentinel.interference import InterferenceClass, classify
+from meridian.tools.sentinel.mock import make_samples
+from meridian.tools.sentinel.records import Event
+
+SEC = 1_000_000_000
+
+
+class CountingResolver:
+    """Ids derived from the arguments, and every call counted."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[tuple[Any, ...]] = Counter()
+
+    def function_id(self, pid: int, ip: int) -> int:
+        self.calls[("function", pid, ip)] += 1
+        return ip >> 8  # 256-byte "functions"
+
+    def callstack_id(self, pid: int, user_stack_id: int, kernel_stack_id: int, ip: int) -> int:
+        self.calls[("stack", pid, user_stack_id, kernel_stack_id, ip)] += 1
+        return 0 if user_stack_id < 0 else 1000 + user_stack_id
+
+    def data_object_id(self, pid: int, addr: int) -> int:
+        self.calls[("data", pid, addr)] += 1
+        return addr >> 6  # one object per cache line
+
+
+def batch() -> np.ndarray[Any, Any]:
+    """Flow 1: 3 cycles samples in function 0x10 (gso 1, 2, 4); flow 2: 2 LLC misses
+    in function 0x20 (gso 1), one of them in the next second; 1 HITM on a line."""
+    return np.concatenate(
+        [
+            make_samples(3, flow_id=1, pid=100, ip=[0x1000, 0x1008, 0x1000], gso_segs=[1, 2, 4],
+                         event=Event.CYCLES, time_ns=[5, 6, 7], user_stack_id=3),
+            make_samples(2, flow_id=2, pid=[200, 201], ip=0x2000, event=Event.LLC_MISS,
+                         time_ns=[SEC - 1, SEC + 1], direction=1, numa_node=1),
+            make_samples(1, flow_id=2, pid=200, ip=0x2010, event=Event.XSNP_HITM,
+                         data_addr=0x7F00_0000_1048, time_ns=SEC - 2),
+        ]
+    )  # fmt: skip
+
+
+def by_key(rows: list[Rollup]) -> dict[tuple[int, int, int, int], Rollup]:
+    return {(r.flow_id, r.function_id, r.event, r.time_bucket): r for r in rows}
+
+
+def test_samples_and_norm_cost_exact() -> None:
+    agg = Aggregator(SEC, CountingResolver())
+    agg.add(batch(), scale=3.0)
+    rows = by_key(agg.flush())
+    assert len(rows) == 4
+    cyc = rows[(1, 0x10, Event.CYCLES, 0)]
+    assert cyc.samples == 3
+    assert cyc.norm_cost == pytest.approx(3.0 * (1 / 1 + 1 / 2 + 1 / 4))
+    assert cyc.callstack_id == 1003
+    assert cyc.interference_class == InterferenceClass.CPU
+    assert cyc.pid == 100
+    llc0 = rows[(2, 0x20, Event.LLC_MISS, 0)]
+    llc1 = rows[(2, 0x20, Event.LLC_MISS, SEC)]
+    assert (llc0.samples, llc0.norm_cost, llc0.pid) == (1, 3.0, 200)
+    assert (llc1.samples, llc1.norm_cost, llc1.pid) == (1, 3.0, 201)
+    assert (llc0.direction, llc0.numa_node, llc0.callstack_id) == (1, 1, 0)
+    assert llc0.interference_class == InterferenceClass.CACHE
+    hitm = rows[(2, 0x20, Event.XSNP_HITM, 0)]
+    assert hitm.data_object_id == 0x7F00_0000_1048 >> 6
+    assert hitm.interference_class == InterferenceClass.FALSE_SHARING
+    assert sum(r.samples for r in rows.values()) == 6
+    assert agg.flush() == []  # a new window
+
+
+def test_resolver_called_once_per_distinct_key() -> None:
+    r = CountingResolver()
+    agg = Aggregator(SEC, r)
+    big = np.concatenate([batch()] * 500)  # 3000 samples, same keys
+    agg.add(big, 1.0)
+    agg.add(batch(), 1.0)  # same window: answers reused
+    assert max(r.calls.values()) == 1
+    distinct_ip = {(int(s["pid"]), int(s["ip"])) for s in batch()}
+    assert sum(1 for k in r.calls if k[0] == "function") == len(distinct_ip)
+    assert sum(1 for k in r.calls if k[0] == "data") == 1  # only the non-zero address
+    rows = by_key(agg.flush())
+    assert rows[(1, 0x10, Event.CYCLES, 0)].samples == 3 * 501
+    agg.add(batch(), 1.0)  # next window asks again
+    assert max(r.calls.values()) == 2
+
+
+def test_time_buckets_and_wall_times() -> None:
+    agg = Aggregator(250_000_000, CountingResolver())
+    s = make_samples(8, flow_id=5, time_ns=np.arange(8) * 100_000_000)
+    agg.add(s, 1.0)
+    rows = agg.flush()
+    assert [(r.time_bucket, r.samples) for r in rows] == [
+        (0, 3),
+        (250_000_000, 2),
+        (500_000_000, 3),
+    ]
+    wall = np.full(8, 1_700_000_000_123_456_789, dtype=np.int64)
+    agg.add(s, 1.0, time_ns=wall)
+    (row,) = agg.flush()
+    assert row.time_bucket == 1_700_000_000_000_000_000
+    assert row.samples == 8
+
+
+def test_parts_merge_and_order() -> None:
+    agg = Aggregator(SEC, CountingResolver())
+    agg.add(make_samples(2, flow_id=1, pid=9), 1.0)
+    agg.add(make_samples(3, flow_id=2, pid=8), 1.0)
+    agg.add(make_samples(1, flow_id=1, pid=7), 1.0)
+    arr = agg.flush_array()
+    assert arr.dtype == ROLLUP_DTYPE
+    assert arr["flow_id"].tolist() == [1, 2]  # highest cost first
+    assert arr["samples"].tolist() == [3, 3]
+    assert arr["pid"].tolist() == [9, 8]  # of the first sample
+    assert agg.samples_total == 6
+
+
+def test_zero_gso_counts_as_one() -> None:
+    agg = Aggregator(SEC, CountingResolver())
+    agg.add(make_samples(2, gso_segs=0), 2.0)
+    (row,) = agg.flush()
+    assert row.norm_cost == 4.0
+
+
+def test_empty_batch() -> None:
+    r = CountingResolver()
+    agg = Aggregator(SEC, r)
+    agg.add(make_samples(0), 1.0)
+    assert agg.flush() == []
+    assert not r.calls
+
+
+def test_classify() -> None:
+    assert classify(Event.CYCLES) == InterferenceClass.CPU
+    assert classify(Event.CPU_CLOCK) == InterferenceClass.CPU
+    assert classify(Event.LLC_MISS) == InterferenceClass.CACHE
+    assert classify(Event.BRANCH_MISS) == InterferenceClass.BRANCH
+    assert classify(Event.REMOTE_DRAM) == InterferenceClass.MEMORY_REMOTE
+    assert classify(Event.XSNP_HITM) == InterferenceClass.FALSE_SHARING
+    assert classify(Event.RAW) == InterferenceClass.NONE
+    assert classify(999) == InterferenceClass.NONE
+    events = np.array([e.value for e in Event] + [999], dtype=np.uint16)
+    got = classify(events)
+    assert got.tolist() == [int(classify(int(e))) for e in events]
+
+
+def test_hash_collisions_fall_back_to_exact_grouping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row hashing alike (a zero multiplier) still groups exactly."""
+    from meridian.tools.sentinel import aggregator
+
+    monkeypatch.setattr(aggregator, "_MIX", np.uint64(0))
+    test_samples_and_norm_cost_exact()
+    first, inv = aggregator._group(np.array([3, 1, 3, 2, 1]), np.array([0, 0, 0, 0, 1]))
+    assert first.tolist() == [1, 4, 3, 0]  # sorted rows (1,0) (1,1) (2,0) (3,0)
+    assert inv.tolist() == [3, 0, 3, 2, 1]
+
+
+def test_a_stack_is_asked_once_whatever_the_ip() -> None:
+    """Samples with a stack are keyed by their stack ids, not their ips; a stack whose
+    frames are gone (id 0) is asked again with the sampled ip, as one without ids."""
+
+    class Gone(CountingResolver):
+        def callstack_id(self, pid: int, user_stack_id: int, kernel_stack_id: int, ip: int) -> int:
+            super().callstack_id(pid, user_stack_id, kernel_stack_id, ip)
+            if user_stack_id == 9:  # gone from the stack map
+                return ip >> 4 if ip else 0
+            return 0 if user_stack_id < 0 else 1000 + user_stack_id
+
+    r = Gone()
+    agg = Aggregator(SEC, r)
+    s = np.concatenate(
+        [
+            make_samples(50, pid=1, ip=0x1000 + 4 * np.arange(50), user_stack_id=3),
+            make_samples(2, pid=1, ip=[0x2000, 0x2010], user_stack_id=9),
+            make_samples(2, pid=1, ip=[0x3000, 0x3010]),  # no stack: the ip alone
+        ]
+    )
+    agg.add(s, 1.0)
+    stacks = sorted(k[1:] for k in r.calls if k[0] == "stack")
+    assert stacks == sorted(
+        [
+            (1, 3, -14, 0),
+            (1, 9, -14, 0),
+            (1, 9, -14, 0x2000),
+            (1, 9, -14, 0x2010),
+            (1, -14, -14, 0x3000),
+            (1, -14, -14, 0x3010),
+        ]
+    )
+    rows = {r.callstack_id: r.samples for r in agg.flush()}
+    assert rows[1003] == 50 and rows[0x200] == 1 and rows[0x201] == 1 and rows[0] == 2
+
+
+def test_new_stacks_per_window_are_bounded_and_the_rest_labelled() -> None:
+    """A stack per sample (code without frame pointers): only `stacks_per_window` new
+    stacks are asked of the resolver in a window, the hottest first; the others are
+    keyed UNRESOLVED. Samples and norm_cost stay exact whatever is resolved."""
+    r = CountingResolver()
+    agg = Aggregator(SEC, r, stacks_per_window=10)
+    hot = make_samples(50, flow_id=1, pid=100, ip=0x1000, user_stack_id=7, gso_segs=2)
+    cold = make_samples(
+        500, flow_id=1, pid=100, ip=0x1000, user_stack_id=np.arange(1000, 1500), gso_segs=2
+    )
+    agg.add(np.concatenate([cold[:250], hot, cold[250:]]), scale=2.0)
+    agg.add(make_samples(20, flow_id=1, pid=100, ip=0x1000, user_stack_id=np.arange(20)))
+    stacks = [k for k in r.calls if k[0] == "stack"]
+    assert len(stacks) == 10 and ("stack", 100, 7, -14, 0) in r.calls  # the hot one
+    rows = agg.flush()
+    assert sum(x.samples for x in rows) == 570
+    assert sum(x.norm_cost for x in rows) == pytest.approx(550 * 2.0 / 2 + 20)
+    unresolved = [x for x in rows if x.callstack_id == UNRESOLVED]
+    # the budget spent on the hot stack and 9 cold ones; in the second batch only
+    # stack 7 is known (this window's answer), the 19 others are over the budget
+    assert sum(x.samples for x in unresolved) == (500 - 9) + 19
+    assert next(x for x in rows if x.callstack_id == 1007).samples == 50 + 1
+    r.calls.clear()
+    agg.add(make_samples(5, pid=100, ip=0x1000, user_stack_id=np.arange(1000, 1005)))
+    assert len([k for k in r.calls if k[0] == "stack"]) == 5  # a new window, a new budget
+
+
+def test_no_stack_bound() -> None:
+    r = CountingResolver()
+    agg = Aggregator(SEC, r, stacks_per_window=None)
+    agg.add(make_samples(300, pid=1, ip=0x1000, user_stack_id=np.arange(300)))
+    assert len([k for k in r.calls if k[0] == "stack"]) == 300
+    assert all(x.callstack_id != UNRESOLVED for x in agg.flush())

@@ -1,0 +1,136 @@
+"""Mode controller and safety level with an injected clock: a sequence of rates gives
+an exact sequence of modes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from meridian.errors import UsageError
+from meridian.tools.sentinel.config import SentinelConfig
+from meridian.tools.sentinel.modes import (
+    Mode,
+    ModeController,
+    SafetyGovernor,
+    SafetyLevel,
+)
+
+S, D = Mode.SENTINEL, Mode.DIAGNOSTIC
+SEC = 1_000_000_000
+
+
+class Clock:
+    """An injected clock the test moves by setting `now` (ns); shared by the sentinel
+    tests of time-driven state."""
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def cfg(**mode: object) -> SentinelConfig:
+    c = SentinelConfig()  # sentinel budget 1000/s per CPU, high 0.9, low 0.5, refractory 30 s
+    for k, v in mode.items():
+        setattr(c.mode, k, v)
+    return c
+
+
+def run(mc: ModeController, rates: Sequence[float]) -> list[Mode]:
+    return [mc.update(r, now=i * SEC) for i, r in enumerate(rates)]
+
+
+def test_hysteresis_gives_the_exact_mode_sequence() -> None:
+    mc = ModeController(cfg(), Clock())
+    rates = [100, 899, 900, 800, 501, 500, 499, 950, 10]
+    assert run(mc, rates) == [S, S, D, D, D, D, S, D, S]
+    assert mc.reason == "samples/s 10 < 500"
+
+
+def test_thresholds_scale_with_cpus() -> None:
+    mc = ModeController(cfg(), Clock(), cpus=4)  # high 3600, low 2000
+    assert run(mc, [3599, 3600, 2000, 1999]) == [S, D, D, S]
+
+
+def test_initial_diagnostic_and_no_auto() -> None:
+    assert run(ModeController(cfg(initial="diagnostic"), Clock()), [600, 400]) == [D, S]
+    fixed = ModeController(cfg(auto=False), Clock())
+    assert run(fixed, [5000, 5000, 0]) == [S, S, S]
+
+
+def test_anomaly_forces_diagnostic_for_the_refractory_period() -> None:
+    clock = Clock()
+    mc = ModeController(cfg(), clock)
+    seq: list[tuple[str, object]] = []
+    for t, what in [
+        (0.0, "update"),
+        (1.0, "trigger"),  # held until 31 s
+        (2.0, "update"),
+        (10.0, "trigger"),  # inside the refractory period: ignored, no extension
+        (30.999, "update"),
+        (31.0, "update"),  # hold over, rate low: back to sentinel
+        (32.0, "trigger"),  # a new hold, until 62 s
+        (61.0, "update"),
+        (62.0, "update"),
+    ]:
+        clock.now = round(t * SEC)
+        seq.append((what, mc.trigger() if what == "trigger" else mc.update(100)))
+    assert seq == [
+        ("update", S),
+        ("trigger", True),
+        ("update", D),
+        ("trigger", False),
+        ("update", D),
+        ("update", S),
+        ("trigger", True),
+        ("update", D),
+        ("update", S),
+    ]
+
+
+def test_after_a_hold_hysteresis_decides() -> None:
+    mc = ModeController(cfg(), Clock())
+    assert mc.force_diagnostic(5 * SEC, now=0)
+    assert mc.mode == D
+    # 700 is between low (500) and high (900): diagnostic stays after the hold
+    assert [mc.update(700, now=t * SEC) for t in (4, 5, 6)] == [D, D, D]
+    assert mc.update(400, now=7 * SEC) == S
+
+
+def test_without_auto_a_hold_returns_to_the_initial_mode() -> None:
+    mc = ModeController(cfg(auto=False), Clock())
+    assert mc.trigger(now=0)
+    assert [mc.update(0, now=t * SEC) for t in (29, 30)] == [D, S]
+
+
+def test_a_pinned_mode_wins_until_released() -> None:
+    mc = ModeController(cfg(), Clock())
+    assert mc.force("diagnostic") == D
+    assert run(mc, [0, 0]) == [D, D]
+    assert mc.force(Mode.SENTINEL) == S
+    assert mc.trigger(now=0)  # recorded, but the pin wins
+    assert mc.update(5000, now=SEC) == S
+    mc.force(None)
+    assert mc.update(0, now=2 * SEC) == D  # the anomaly hold (until 30 s) applies again
+    assert mc.update(0, now=30 * SEC) == S
+    with pytest.raises(UsageError, match="mode must be sentinel or diagnostic, got 'x'"):
+        mc.force("x")
+
+
+def test_mode_labels() -> None:
+    assert (S.label, D.label, int(D)) == ("sentinel", "diagnostic", 1)
+    assert Mode.parse(" Diagnostic ") == D
+
+
+def test_safety_level_sheds_while_over_the_budget() -> None:
+    gov = SafetyGovernor(SentinelConfig())  # shed above 1.0 x budget, back below 0.5
+    rates = [900, 1000, 1001, 800, 500, 499, 1200]
+    levels = [gov.update(r, 1000) for r in rates]
+    N, H = SafetyLevel.NORMAL, SafetyLevel.SHED_HEAVY
+    assert levels == [N, N, H, H, H, N, H]
+    assert gov.throttled and gov.max_events_per_group == 1
+    gov.update(0, 1000)
+    assert not gov.throttled and gov.max_events_per_group == 4
+    assert gov.update(10, 0) == N  # no budget known: no ratio
