@@ -1,0 +1,101 @@
+"""What a store does for the batcher: apply the schema, insert one batch of
+JSONEachRow lines, tell whether a batch whose insert had no answer was stored, and run
+a query. Two stores implement it: chDB in process (chdb_backend.py) and a ClickHouse
+server over HTTP (http_backend.py)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ....errors import EnvironmentProblem
+from .schema import TIMED
+
+__all__ = ["Backend", "BatchInfo", "StoreUnavailable", "error_code", "one_line", "stored_rows_sql"]
+
+
+class StoreUnavailable(EnvironmentProblem):
+    """The store refused or could not be reached; the message is one line.
+
+    `ambiguous`: the rows may have been stored all the same (the connection broke after
+    they were sent), so the batch is looked for before it is sent again. `kind` names
+    the cause for the once-a-minute report: "unreachable", "auth", "server", "store",
+    "schema".
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str = "server",
+        ambiguous: bool = False,
+        code: int | None = None,
+    ) -> None:
+        super().__init__(one_line(message))
+        self.kind = kind
+        self.ambiguous = ambiguous
+        self.code = code  # ClickHouse's error code, when it said one
+
+
+def one_line(text: str, limit: int = 500) -> str:
+    """The first line of a store's message, without ClickHouse's stack trace."""
+    first = " ".join(text.strip().split("\n", 1)[0].split())
+    for cut in (", Stack trace", " Stack trace", ", e.what() = "):
+        first = first.split(cut, 1)[0]
+    return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+_CODE = re.compile(r"Code: (\d+)")
+
+
+def error_code(text: str) -> int | None:
+    """ClickHouse's error code in a message ("Code: 60. DB::Exception: ...")."""
+    m = _CODE.search(text)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """One insert: the table, its id (in every row), its rows, and where to look for
+    it: `day` (the partition of a timed table) or the run id (the others)."""
+
+    table: str
+    batch_id: int
+    rows: int
+    day: int
+    run_id: int
+
+
+class Backend(Protocol):
+    name: str  # where the rows go, for messages: "chdb:/var/lib/x" or "http://h:8123"
+
+    def open(self) -> None:
+        """Connect and apply the schema (idempotently); raises StoreUnavailable."""
+        ...
+
+    def insert(self, info: BatchInfo, payload: bytes) -> None:
+        """Store one batch (JSONEachRow lines) whole, or raise StoreUnavailable."""
+        ...
+
+    def stored_rows(self, info: BatchInfo) -> int:
+        """How many rows of this batch the store holds (0, or all of them)."""
+        ...
+
+    def query(self, sql: str) -> list[dict[str, Any]]:
+        """Rows of a SELECT (without FORMAT), 64-bit integers as numbers."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def stored_rows_sql(info: BatchInfo) -> str:
+    """The count of a batch's rows, reading only where the batch can be: its day's
+    partition (timed tables) or its run's key range."""
+    if info.table in TIMED:
+        lo, hi = info.day * 86_400, (info.day + 1) * 86_400
+        where = f"ts >= toDateTime({lo}) AND ts < toDateTime({hi})"
+    else:
+        where = f"run_id = {int(info.run_id)}"
+    where += f" AND batch_id = {int(info.batch_id)}"
+    return f"SELECT count() AS n FROM {info.table} WHERE {where}"

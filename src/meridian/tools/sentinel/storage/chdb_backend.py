@@ -1,0 +1,147 @@
+"""The embedded store: chDB (ClickHouse in process) with its data in a local directory,
+so one host needs no server.
+
+chDB runs one embedded server per process, on one directory at a time, and a
+directory cannot be opened by two processes; this backend takes a lock file in the
+directory first, so a second agent is told which process holds it instead of chDB's
+empty "Error initializing EmbeddedServer". A directory chDB cannot open or use (not a
+directory, a damaged catalog) is a one-line StoreUnavailable naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from ....errors import ExtraMissing
+from . import lockfile
+from .backend import BatchInfo, StoreUnavailable, error_code, one_line, stored_rows_sql
+from .schema import columns_sql, schema_problem, statements
+
+__all__ = ["LOCK_NAME", "ChdbBackend", "holder_pid"]
+
+LOCK_NAME = ".meridian-sentinel.lock"
+
+
+def _chdb_session() -> Any:
+    try:
+        return importlib.import_module("chdb.session")
+    except ImportError:
+        raise ExtraMissing("the embedded store (chDB)", "clickhouse") from None
+
+
+def holder_pid(data_dir: str | os.PathLike[str]) -> int | None:
+    """The pid of the process holding the store's lock file, None when free (a query
+    command asks that process's API instead)."""
+    return lockfile.holder(Path(data_dir) / LOCK_NAME)
+
+
+class ChdbBackend:
+    """chDB in a data directory; thread-safe (one lock around the session)."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], database: str = "default") -> None:
+        self.session_module = _chdb_session()
+        self.path = Path(data_dir).expanduser().absolute()
+        self.database = database
+        self.name = f"chdb:{self.path}"
+        self._session: Any = None
+        self._lock_fd: int | None = None
+        self._mu = threading.Lock()
+
+    def _fail(self, what: str) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"embedded store {self.path} {what}; move it aside or choose another --data-dir",
+            kind="store",
+        )
+
+    def _take_lock(self) -> None:
+        if self.path.exists() and not self.path.is_dir():
+            raise self._fail("is not a directory")
+        try:
+            self._lock_fd = lockfile.take(self.path / LOCK_NAME)
+        except lockfile.LockHeld as held:
+            raise StoreUnavailable(
+                f"embedded store {self.path} is in use by another process (pid {held.pid})",
+                kind="store",
+            ) from None
+        except OSError as exc:
+            raise self._fail(f"cannot be created: {exc.strerror or exc}") from None
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing drops the flock
+            self._lock_fd = None
+
+    def open(self) -> None:
+        with self._mu:
+            if self._session is not None:
+                return
+            self._take_lock()
+            try:
+                self._session = self.session_module.Session(str(self.path))
+            except Exception as exc:
+                self._release_lock()
+                raise self._fail(f"cannot be opened: {one_line(str(exc))}") from None
+            try:
+                self._run("SET output_format_json_quote_64bit_integers = 0")
+                if self.database != "default":
+                    self._run(f"CREATE DATABASE IF NOT EXISTS {self.database}")
+                    self._run(f"USE {self.database}")
+                for sql in statements():
+                    self._run(sql)
+                problem = schema_problem(self._rows(columns_sql()))
+                if problem:
+                    raise RuntimeError(problem)
+            except Exception as exc:
+                self._close_locked()
+                raise self._fail(f"cannot be used: {one_line(str(exc))}") from None
+
+    def _run(self, sql: str) -> Any:
+        return self._session.query(sql, "JSONEachRow")
+
+    def _rows(self, sql: str) -> list[dict[str, Any]]:
+        text = self._run(sql).data()
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def insert(self, info: BatchInfo, payload: bytes) -> None:
+        with self._mu:
+            if self._session is None:
+                raise self._fail("is not open")
+            try:
+                self._run(f"INSERT INTO {info.table} FORMAT JSONEachRow\n{payload.decode()}")
+            except Exception as exc:
+                raise StoreUnavailable(
+                    f"embedded store {self.path}: {one_line(str(exc))}",
+                    kind="store",
+                    code=error_code(str(exc)),
+                ) from None
+
+    def stored_rows(self, info: BatchInfo) -> int:
+        return int(self.query(stored_rows_sql(info))[0]["n"])
+
+    def query(self, sql: str) -> list[dict[str, Any]]:
+        with self._mu:
+            if self._session is None:
+                raise self._fail("is not open")
+            try:
+                return self._rows(sql)
+            except Exception as exc:
+                raise StoreUnavailable(
+                    f"embedded store {self.path}: {one_line(str(exc))}", kind="store"
+                ) from None
+
+    def _close_locked(self) -> None:
+        if self._session is not None:
+            with contextlib.suppress(Exception):  # a broken session: nothing more to do
+                self._session.close()
+            self._session = None
+        self._release_lock()
+
+    def close(self) -> None:
+        with self._mu:
+            self._close_locked()

@@ -1,0 +1,97 @@
+"""The store the configuration names: a remote server when `clickhouse.url` is set,
+else chDB in `clickhouse.data_dir`; and where the spool of each lives by default."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ....errors import UsageError
+from .backend import Backend, StoreUnavailable
+from .chdb_backend import ChdbBackend
+from .http_backend import HttpBackend
+from .report import Reporter
+from .sink import BatchingSink
+
+__all__ = ["default_state_dir", "open_backend", "open_sink", "open_store", "spool_dir_for"]
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def default_state_dir() -> Path:
+    """/var/lib/meridian/sentinel for root, else $XDG_STATE_HOME/meridian/sentinel."""
+    if os.geteuid() == 0:
+        return Path("/var/lib/meridian/sentinel")
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "meridian" / "sentinel"
+
+
+def _data_dir(cfg: Any) -> Path:
+    return Path(cfg.data_dir).expanduser() if cfg.data_dir else default_state_dir() / "store"
+
+
+def open_backend(cfg: Any) -> Backend:
+    """The backend of a ClickHouseConfig, not yet opened. A data directory that is a
+    file, or a database name that is not an identifier, is a UsageError here, at
+    start."""
+    if not _IDENT.match(str(cfg.database)):
+        raise UsageError(
+            f"clickhouse.database: expected letters, digits and _, got {cfg.database!r}"
+        )
+    if cfg.url:
+        return HttpBackend(cfg.url, cfg.user, cfg.password_file, cfg.database)
+    path = _data_dir(cfg)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"clickhouse.data_dir (--data-dir): {path} is not a directory")
+    return ChdbBackend(path, cfg.database)
+
+
+def spool_dir_for(cfg: Any) -> Path:
+    """clickhouse.spool_dir when the config has it; else `spool` in the embedded
+    store's directory, or one directory per server URL in the state directory."""
+    explicit = getattr(cfg, "spool_dir", None)
+    if explicit:
+        return Path(explicit).expanduser()
+    if cfg.url:
+        tag = hashlib.sha256(str(cfg.url).encode()).hexdigest()[:12]
+        return default_state_dir() / f"spool-{tag}"
+    return _data_dir(cfg) / "spool"
+
+
+def open_sink(
+    cfg: Any,
+    *,
+    reporter: Reporter | None = None,
+    spool_dir: str | os.PathLike[str] | None = None,
+    max_backoff: float = 30.0,
+    run_id: int | None = None,
+) -> BatchingSink:
+    """The agent's writer for a ClickHouseConfig. The store is opened (and the schema
+    applied) by the writer thread: a store that is down or broken at start is said
+    and retried, and the agent runs on."""
+    return BatchingSink(
+        open_backend(cfg),
+        spool_dir=str(spool_dir if spool_dir is not None else spool_dir_for(cfg)),
+        spool_max_bytes=cfg.spool_max_bytes,
+        batch_rows=cfg.batch_rows,
+        flush_interval=cfg.flush_interval,
+        max_backoff=max_backoff,
+        reporter=reporter,
+        run_id=run_id,
+    )
+
+
+def open_store(cfg: Any) -> Backend:
+    """An opened backend for queries (`meridian sentinel query`); StoreUnavailable, one
+    line, when it cannot be (chdb_backend.holder_pid tells which agent holds an
+    embedded store, whose API then answers instead)."""
+    backend = open_backend(cfg)
+    try:
+        backend.open()
+    except StoreUnavailable:
+        backend.close()
+        raise
+    return backend

@@ -1,0 +1,168 @@
+"""A ClickHouse server (or a cluster's load balancer) over its HTTP interface, with the
+standard library only: every statement is one POST, rows go as
+`INSERT INTO t FORMAT JSONEachRow`, the password travels in a Basic header (never in
+the URL, which servers log) and is read from a file again after a refusal, so fixing
+the file needs no restart.
+
+An insert carries `query_id = meridian-<batch id>`: after a broken connection the
+batch is looked for under the same query id first, which the server refuses (code
+216) while the first insert still runs, so a batch is never counted missing while it
+is being stored.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from ....errors import UsageError
+from .backend import BatchInfo, StoreUnavailable, error_code, one_line, stored_rows_sql
+from .schema import columns_sql, schema_problem, statements
+
+__all__ = ["HttpBackend"]
+
+AUTH_CODES = frozenset((192, 193, 194, 195, 516))  # unknown user, wrong/required password, ...
+
+
+class HttpBackend:
+    """ClickHouse over HTTP(S): `url` such as http://127.0.0.1:8123."""
+
+    def __init__(
+        self,
+        url: str,
+        user: str = "default",
+        password_file: str | None = None,
+        database: str = "default",
+        timeout: float = 10.0,
+    ) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UsageError(f"clickhouse.url: expected http://HOST:PORT, got {url!r}")
+        self.base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path or "/", "", ""))
+        self.name = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+        self.user = user
+        self.password_file = password_file
+        self.database = database
+        self.timeout = timeout
+        self.server_version = ""
+        self._password: str | None = None
+
+    # -- one request ----------------------------------------------------------------
+
+    def _auth(self) -> str:
+        if self._password is None:
+            self._password = ""
+            if self.password_file:
+                try:
+                    with open(self.password_file, encoding="utf-8") as f:
+                        self._password = f.read().rstrip("\r\n")
+                except OSError as exc:
+                    self._password = None
+                    raise StoreUnavailable(
+                        f"cannot read clickhouse.password_file {self.password_file}: "
+                        f"{exc.strerror or exc}",
+                        kind="auth",
+                    ) from None
+        token = base64.b64encode(f"{self.user}:{self._password}".encode()).decode()
+        return f"Basic {token}"
+
+    def _post(
+        self,
+        body: bytes,
+        params: dict[str, str] | None = None,
+        *,
+        insert: bool = False,
+    ) -> bytes:
+        # "database": "" leaves it to the user's default (before the database exists)
+        query = {k: v for k, v in {"database": self.database, **(params or {})}.items() if v}
+        url = f"{self.base}?{urllib.parse.urlencode(query)}"
+        headers = {"Authorization": self._auth(), "Content-Type": "text/plain; charset=utf-8"}
+        req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                data: bytes = resp.read()
+                return data
+        except urllib.error.HTTPError as exc:
+            text = exc.read().decode(errors="replace")
+            code = error_code(text)
+            msg = one_line(text) or f"HTTP {exc.code}"
+            if exc.code in (401, 403) or code in AUTH_CODES:
+                self._password = None  # read the file again next time
+                raise StoreUnavailable(
+                    f"ClickHouse at {self.name} refused user {self.user!r} ({msg}): "
+                    "check clickhouse.user and clickhouse.password_file",
+                    kind="auth",
+                ) from None
+            raise StoreUnavailable(
+                f"ClickHouse at {self.name} answered {exc.code}: {msg}", kind="server", code=code
+            ) from None
+        except urllib.error.URLError as exc:
+            reason = exc.reason
+            sure = isinstance(reason, (ConnectionRefusedError, socket.gaierror))
+            raise StoreUnavailable(
+                f"ClickHouse at {self.name} is unreachable ({_reason(reason)})",
+                kind="unreachable",
+                ambiguous=insert and not sure,
+            ) from None
+        except (OSError, http.client.HTTPException) as exc:
+            # the request went out, the answer did not come back
+            raise StoreUnavailable(
+                f"ClickHouse at {self.name} did not answer ({_reason(exc)})",
+                kind="unreachable",
+                ambiguous=insert,
+            ) from None
+
+    # -- Backend --------------------------------------------------------------------
+
+    def open(self) -> None:
+        bare = {"database": ""}
+        self.server_version = self._post(b"SELECT version()", bare).decode().strip()
+        if self.database != "default":
+            self._post(f"CREATE DATABASE IF NOT EXISTS {self.database}".encode(), bare)
+        for sql in statements():
+            self._post(sql.encode())
+        problem = schema_problem(self.query(columns_sql()))
+        if problem:
+            raise StoreUnavailable(f"ClickHouse at {self.name}: {problem}", kind="schema")
+
+    def insert(self, info: BatchInfo, payload: bytes) -> None:
+        params = {
+            "query": f"INSERT INTO {info.table} FORMAT JSONEachRow",
+            "query_id": _query_id(info),
+        }
+        self._post(payload, params, insert=True)
+
+    def stored_rows(self, info: BatchInfo) -> int:
+        # refused with code 216 while the batch's own insert still runs
+        self._post(b"SELECT 1", {"query_id": _query_id(info)})
+        return int(self.query(stored_rows_sql(info))[0]["n"])
+
+    def query(self, sql: str) -> list[dict[str, Any]]:
+        text = self._post(
+            f"{sql} FORMAT JSONEachRow".encode(),
+            {"output_format_json_quote_64bit_integers": "0"},
+        ).decode()
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def close(self) -> None:
+        pass  # one connection per request: nothing held
+
+
+def _query_id(info: BatchInfo) -> str:
+    return f"meridian-{info.table}-{info.batch_id:016x}"
+
+
+def _reason(reason: object) -> str:
+    if isinstance(reason, socket.gaierror):
+        return f"cannot resolve the host: {reason.strerror or reason}"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror.lower()
+    if isinstance(reason, TimeoutError):
+        return "timed out"
+    return str(reason) or type(reason).__name__

@@ -1,0 +1,88 @@
+"""The four tables, read from schema.sql (the one definition both stores apply), split
+into statements a store runs one at a time."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+__all__ = [
+    "DATA_OBJECTS",
+    "RAW",
+    "ROLLUP",
+    "STACKS",
+    "TABLES",
+    "TIMED",
+    "columns",
+    "columns_sql",
+    "schema_problem",
+    "statements",
+]
+
+ROLLUP = "ms_flow_rollup"
+RAW = "ms_raw_samples"
+STACKS = "ms_callstacks"
+DATA_OBJECTS = "ms_data_objects"
+TABLES = (ROLLUP, RAW, STACKS, DATA_OBJECTS)
+# Tables partitioned by day of `ts`: a batch never spans two days, so it is one part,
+# stored whole or not at all.
+TIMED = frozenset((ROLLUP, RAW))
+
+_COMMENT = re.compile(r"--[^\n]*")
+_TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)")
+_COLUMN = re.compile(r"^\s+(\w+) [A-Z]", re.MULTILINE)
+
+
+@cache
+def statements() -> tuple[str, ...]:
+    """The CREATE statements of schema.sql, comments removed, without the `;`."""
+    here = resources.files(__name__.rpartition(".")[0])
+    text = here.joinpath("schema.sql").read_text(encoding="utf-8")
+    text = _COMMENT.sub("", text)
+    return tuple(s.strip() for s in text.split(";") if s.strip())
+
+
+@cache
+def columns() -> dict[str, tuple[str, ...]]:
+    """table -> its column names, as schema.sql declares them."""
+    out = {}
+    for sql in statements():
+        m = _TABLE.match(sql)
+        if m:
+            body = sql[sql.index("(") : sql.index("ENGINE")]
+            out[m.group(1)] = tuple(_COLUMN.findall(body))
+    return out
+
+
+def columns_sql() -> str:
+    """The columns the store has for our tables, in the current database."""
+    names = ", ".join(f"'{t}'" for t in TABLES)
+    return (
+        "SELECT table, name FROM system.columns "
+        f"WHERE database = currentDatabase() AND table IN ({names})"
+    )
+
+
+def schema_problem(found: list[dict[str, object]]) -> str:
+    """What is wrong with the tables the store has (rows of columns_sql), or "": a
+    table that is missing, or that lacks columns (made by another version: CREATE IF
+    NOT EXISTS leaves it as it is)."""
+    have: dict[str, set[str]] = {}
+    for row in found:
+        have.setdefault(str(row["table"]), set()).add(str(row["name"]))
+    problems = []
+    for table, cols in columns().items():
+        if table not in have:
+            problems.append(f"table {table} is missing")
+            continue
+        lacking = [c for c in cols if c not in have[table]]
+        if lacking:
+            problems.append(f"table {table} lacks columns {', '.join(lacking)}")
+    if not problems:
+        return ""
+    return (
+        "; ".join(problems)
+        + " (made by another version of the schema? add the columns with ALTER TABLE, "
+        "or rename the table so it is made anew)"
+    )

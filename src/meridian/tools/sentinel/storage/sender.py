@@ -1,0 +1,254 @@
+"""The store's side of the writer thread: batches go to the backend, or to the on-disk
+spool when it refuses or cannot be reached, and the spool goes out oldest first when
+it answers again. New batches queue behind the spool, so rows arrive in order.
+
+A store that fails is tried again with exponential backoff (with jitter, up to
+`max_backoff`). Every failed insert or reconnect counts in `flush_errors`; rows are
+lost only when the spool is full or cannot be written, and then they are counted
+(`dropped_rows`). What goes wrong is said on stderr at most once a minute per kind.
+
+Exactly once: each batch carries a random `batch_id` in its rows. An insert whose
+answer was lost (connection broken after the rows went out) is not sent again blindly:
+the batch is looked for first, and sent only when the store does not hold it.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .backend import Backend, BatchInfo, StoreUnavailable
+from .report import Reporter
+from .schema import TABLES
+from .spool import Spool, Spooled
+
+__all__ = ["Batch", "Sender", "SinkStats"]
+
+Batch = tuple[BatchInfo, bytes]  # one insert: what and where, and its JSONEachRow lines
+
+# a batch the store rejected for its content this many times is dropped, counted,
+# instead of blocking the spool behind it forever (other errors are retried)
+MAX_REJECTS = 3
+# ClickHouse codes that say the rows themselves are wrong for the table: cannot parse,
+# type mismatch, no such column, incorrect data, argument out of bound, ...
+REJECT_CODES = frozenset((6, 16, 26, 27, 32, 38, 41, 53, 62, 69, 70, 72, 117))
+
+
+@dataclass(frozen=True)
+class SinkStats:
+    """Counters since start; `backlog_rows` is what is not yet stored (memory + spool)."""
+
+    backend: str
+    connected: bool
+    rows_written: int
+    batches_written: int
+    flush_errors: int  # ms_clickhouse_flush_errors_total
+    dropped_rows: int  # ms_clickhouse_dropped_rows_total
+    pending_rows: int  # in memory, not yet sent
+    spooled_rows: int
+    spool_bytes: int
+    last_error: str
+    rows_by_table: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def backlog_rows(self) -> int:
+        return self.pending_rows + self.spooled_rows
+
+
+class Sender:
+    """Sends batches to one Backend through a Spool, and keeps the counts. `send` runs
+    in the writer thread only; `to_spool`, `drop` and `stats` from any thread."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        spool: Spool,
+        reporter: Reporter,
+        max_backoff: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.backend = backend
+        self.spool = spool
+        self.reporter = reporter
+        self.max_backoff = float(max_backoff)
+        self.clock = clock
+        self.connected = False
+        self.next_try = 0.0  # no reconnect before this time (of `clock`)
+        self._backoff = 0.0
+        self._was_down = False
+        self._rejects: dict[int, int] = {}  # batch id -> times the store rejected it
+
+        self._mu = threading.Lock()  # the counters
+        self._rows_by_table = dict.fromkeys(TABLES, 0)
+        self._batches = 0
+        self._flush_errors = 0
+        self._dropped = 0
+        self._last_error = ""
+        if spool.unreadable:
+            reporter.say(
+                "spool-read",
+                f"{spool.unreadable} unreadable spool files in {spool.dir} set aside as *.bad",
+            )
+
+    def spool_due(self, now: float) -> bool:
+        """The spool holds batches and the store may take them now."""
+        return len(self.spool) > 0 and (self.connected or now >= self.next_try)
+
+    def send(self, batches: list[Batch], time_budget: float) -> None:
+        """New batches in order (to the spool while it holds anything or the store is
+        down), then spooled ones for up to `time_budget` seconds."""
+        for i, (info, payload) in enumerate(batches):
+            if len(self.spool) or not self.ensure_open():
+                for rest in batches[i:]:
+                    self.to_spool(*rest)
+                break
+            self._insert(info, payload)
+        self._drain(time_budget)
+
+    def ensure_open(self) -> bool:
+        """Connected, or (re)connected now; False while backing off or on failure."""
+        if self.connected:
+            return True
+        if self.clock() < self.next_try:
+            return False
+        try:
+            self.backend.open()
+        except StoreUnavailable as exc:
+            self._failed(exc)
+            return False
+        self.connected = True
+        self._backoff = 0.0
+        if self._was_down:
+            self._was_down = False
+            self.reporter.say(
+                "recovered",
+                f"{self.backend.name} answers again; sending {self.spool.rows} spooled rows",
+            )
+        return True
+
+    def _insert(self, info: BatchInfo, payload: bytes) -> None:
+        """Insert one batch (never spooled yet); on failure it goes to the spool."""
+        try:
+            self.backend.insert(info, payload)
+        except StoreUnavailable as exc:
+            self._failed(exc)
+            self.to_spool(info, payload, uncertain=exc.ambiguous)
+            return
+        self._stored(info, info.rows)
+
+    def _drain(self, time_budget: float) -> None:
+        """Send spooled batches, oldest first, while the store takes them."""
+        end = time.monotonic() + time_budget  # real time, whatever `clock` is
+        while len(self.spool) and time.monotonic() < end and self.ensure_open():
+            got = self.spool.peek()
+            if got is None:
+                return
+            entry, payload = got
+            if not payload:
+                self.drop(entry.info.rows, self.spool.last_error, "spool-read")
+                continue
+            if not self._send_spooled(entry, payload):
+                return
+
+    def _send_spooled(self, entry: Spooled, payload: bytes) -> bool:
+        info = entry.info
+        try:
+            if entry.uncertain:
+                have = self.backend.stored_rows(info)
+                if have:
+                    self._stored(info, min(have, info.rows))
+                    if have < info.rows:
+                        self.drop(
+                            info.rows - have,
+                            f"a batch of {info.table} was stored in part ({have} of "
+                            f"{info.rows} rows) before a failure",
+                            "partial",
+                        )
+                    self.spool.pop(entry)
+                    return True
+            self.backend.insert(info, payload)
+        except StoreUnavailable as exc:
+            self._failed(exc)
+            if exc.ambiguous:
+                self.spool.mark_uncertain(entry, payload)
+            elif exc.code in REJECT_CODES:
+                self._rejected(entry, exc)
+            return False
+        self._rejects.pop(info.batch_id, None)
+        self.spool.pop(entry)
+        self._stored(info, info.rows)
+        return True
+
+    def _rejected(self, entry: Spooled, exc: StoreUnavailable) -> None:
+        """The store refused the rows themselves: dropped the MAX_REJECTS-th time."""
+        info = entry.info
+        n = self._rejects[info.batch_id] = self._rejects.get(info.batch_id, 0) + 1
+        if n >= MAX_REJECTS:
+            self._rejects.pop(info.batch_id, None)
+            self.spool.pop(entry)
+            self.drop(
+                info.rows,
+                f"{self.backend.name} rejected a batch of {info.rows} rows of "
+                f"{info.table} {n} times ({exc}); dropped",
+                "rejected",
+            )
+
+    # -- accounting -------------------------------------------------------------------
+
+    def _stored(self, info: BatchInfo, rows: int) -> None:
+        with self._mu:
+            self._rows_by_table[info.table] += rows
+            self._batches += 1
+
+    def _failed(self, exc: StoreUnavailable) -> None:
+        """A failed insert or reconnect: counted, said once a minute, backed off."""
+        self.connected = False
+        self._was_down = True
+        base = 0.25 if self._backoff == 0 else min(self._backoff * 2, self.max_backoff)
+        self._backoff = base
+        self.next_try = self.clock() + base * random.uniform(0.8, 1.2)
+        with self._mu:
+            self._flush_errors += 1
+        spool = f"; rows wait in the spool {self.spool.dir}, retrying with backoff"
+        self.note_error(f"{exc}{spool}", exc.kind)
+
+    def to_spool(self, info: BatchInfo, payload: bytes, uncertain: bool = False) -> None:
+        """Keep a batch on disk; counted as dropped when the spool cannot take it."""
+        if not self.spool.put(info, payload, uncertain):
+            self.drop(
+                info.rows,
+                f"{self.spool.last_error}: dropping rows (ms_clickhouse_dropped_rows_total)",
+                "dropped",
+            )
+
+    def drop(self, rows: int, message: str, key: str) -> None:
+        """Rows lost: counted, and said (once a minute per `key`) with the total."""
+        with self._mu:
+            self._dropped += rows
+            total = self._dropped
+        self.note_error(f"{message} [{total} rows dropped in all]", key)
+
+    def note_error(self, message: str, key: str) -> None:
+        with self._mu:
+            self._last_error = message
+        self.reporter.say(key, message)
+
+    def stats(self, pending_rows: int) -> SinkStats:
+        """The counters, with the rows the batcher holds in memory."""
+        with self._mu:
+            return SinkStats(
+                backend=self.backend.name,
+                connected=self.connected,
+                rows_written=sum(self._rows_by_table.values()),
+                batches_written=self._batches,
+                flush_errors=self._flush_errors,
+                dropped_rows=self._dropped,
+                pending_rows=pending_rows,
+                spooled_rows=self.spool.rows,
+                spool_bytes=self.spool.bytes,
+                last_error=self._last_error,
+                rows_by_table=dict(self._rows_by_table),
+            )

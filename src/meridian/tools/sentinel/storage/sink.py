@@ -1,0 +1,306 @@
+"""The storage writer the runtime calls: rows in, batches out, nothing raised.
+
+`write_*` turn rows into JSONEachRow lines in the caller's thread and return; one
+writer thread forms batches (`batch_rows` rows of one table, or what has waited
+`flush_interval` seconds, whichever comes first) and hands them to the Sender
+(sender.py), which stores them exactly once or spools them. When the writer falls
+behind, what passes `max_pending_rows` in memory goes to the spool at once.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .backend import Backend, BatchInfo
+from .report import Reporter
+from .rows import Chunk, data_object_lines, raw_lines, rollup_lines, stack_lines
+from .schema import DATA_OBJECTS, RAW, ROLLUP, STACKS, TABLES
+from .sender import Batch, Sender, SinkStats
+from .spool import Spool
+
+if TYPE_CHECKING:  # types only
+    from ..aggregator import Rollup
+    from ..symbolizer import DataObject, Frame
+
+__all__ = ["BatchingSink", "Sink", "SinkStats"]
+
+Array = np.ndarray[Any, Any]
+
+# rows per insert at most: an insert stays one block, so one part, stored whole or not
+# at all (ClickHouse cuts blocks at max_insert_block_size, 1,048,576 rows)
+MAX_BATCH_ROWS = 100_000
+
+
+class Sink(ABC):
+    """What the runtime writes to. Rows become lines here, in the caller's thread, and
+    a failure is counted and said, never raised: storage must not stop the agent."""
+
+    run_id: int
+    host: str
+
+    def write_rollups(self, rollups: Sequence[Rollup] | Array) -> None:
+        """A flush window's rollups (Aggregator.flush or flush_array)."""
+        self._guard(ROLLUP, len(rollups), lambda: rollup_lines(rollups, self.run_id, self.host))
+
+    def write_raw(
+        self,
+        samples: Array,
+        *,
+        lbr: Array | None = None,
+        scale: float = 1.0,
+        wall_ns: Array | None = None,
+        callstack_ids: Array | None = None,
+    ) -> None:
+        """Raw samples (sample_dtype) with their LBR records (lbr_dtype)."""
+        self._guard(
+            RAW,
+            len(samples),
+            lambda: raw_lines(
+                samples,
+                self.run_id,
+                self.host,
+                lbr=lbr,
+                scale=scale,
+                wall_ns=wall_ns,
+                callstack_ids=callstack_ids,
+            ),
+        )
+
+    def write_stacks(self, stacks: Sequence[tuple[int, Sequence[Frame]]]) -> None:
+        """New call stacks (Symbolizer.consume_stacks)."""
+        self._guard(
+            STACKS, len(stacks), lambda: stack_lines(stacks, self.run_id, self.host, time.time_ns())
+        )
+
+    def write_data_objects(self, objects: Sequence[DataObject]) -> None:
+        """New data objects (Symbolizer.consume_data_objects)."""
+        self._guard(
+            DATA_OBJECTS,
+            len(objects),
+            lambda: data_object_lines(objects, self.run_id, self.host, time.time_ns()),
+        )
+
+    def _guard(self, table: str, rows: int, make: Callable[[], list[Chunk]]) -> None:
+        """Lines from `make`, queued; a failure is counted and said, never raised."""
+        try:
+            chunks = make()
+        except Exception as exc:  # a bad record must not stop the agent
+            self._drop(rows, f"cannot store {rows} rows of {table}: {exc}", "convert")
+            return
+        if chunks:
+            self._queue(table, chunks)
+
+    @abstractmethod
+    def _queue(self, table: str, chunks: list[Chunk]) -> None:
+        """Take a table's lines (never raises)."""
+
+    @abstractmethod
+    def _drop(self, rows: int, message: str, key: str) -> None:
+        """Count rows lost, and say why."""
+
+    @abstractmethod
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Send what is buffered; True when nothing waits, in memory or in the spool
+        (rows dropped are counted in stats, not waited for). Returns early, False,
+        when the store is down."""
+
+    @abstractmethod
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush, stop the writer, keep what could not be sent in the spool."""
+
+    @abstractmethod
+    def stats(self) -> SinkStats: ...
+
+
+class BatchingSink(Sink):
+    """A Sink over one Backend, with a writer thread and an on-disk spool."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        spool_dir: str,
+        spool_max_bytes: int = 1 << 30,
+        batch_rows: int = 10_000,
+        flush_interval: float = 1.0,
+        max_backoff: float = 30.0,
+        max_pending_rows: int | None = None,
+        run_id: int | None = None,
+        host: str | None = None,
+        reporter: Reporter | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backend = backend
+        self.batch_rows = min(max(1, int(batch_rows)), MAX_BATCH_ROWS)
+        self.flush_interval = float(flush_interval)
+        self.max_pending_rows = max_pending_rows or max(10 * self.batch_rows, 200_000)
+        self.run_id = int(run_id if run_id is not None else time.time_ns())
+        self.host = host if host is not None else socket.gethostname()
+        self.clock = clock
+        self.spool = Spool(spool_dir, spool_max_bytes)
+        self.sender = Sender(backend, self.spool, reporter or Reporter(), max_backoff, clock)
+
+        self._cv = threading.Condition()
+        self._buf: dict[str, deque[Chunk]] = {t: deque() for t in TABLES}
+        self._buf_rows = dict.fromkeys(TABLES, 0)
+        self._since: dict[str, float | None] = dict.fromkeys(TABLES)
+        self._inflight = 0  # rows taken out of memory, not yet stored or spooled
+        self._flush_req = 0
+        self._stopping = False
+        self._cycle = 0
+        self._thread = threading.Thread(target=self._run, name="sentinel-storage", daemon=True)
+        self._thread.start()
+
+    def _queue(self, table: str, chunks: list[Chunk]) -> None:
+        if self._stopping:
+            rows = sum(len(lines) for _, lines in chunks)
+            self._drop(rows, f"{rows} rows of {table} written after close", "closed")
+            return
+        overflow: list[Batch] = []
+        with self._cv:
+            buf = self._buf[table]
+            for chunk in chunks:
+                if chunk[1]:
+                    buf.append(chunk)
+                    self._buf_rows[table] += len(chunk[1])
+            if self._since[table] is None and self._buf_rows[table]:
+                self._since[table] = self.clock()
+            if self._buf_rows[table] >= self.batch_rows:
+                self._cv.notify_all()
+            # the writer is behind (a slow store): what passes the bound goes to disk now
+            while self._pending() > self.max_pending_rows and self._buf_rows[table]:
+                overflow.append(self._take(table))
+                self._inflight += overflow[-1][0].rows
+        for info, payload in overflow:
+            self.sender.to_spool(info, payload)
+            with self._cv:
+                self._inflight -= info.rows
+
+    def _drop(self, rows: int, message: str, key: str) -> None:
+        self.sender.drop(rows, message, key)
+
+    def _pending(self) -> int:
+        return sum(self._buf_rows.values()) + self._inflight
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            self._flush_req += 1
+            start = self._cycle
+            self._cv.notify_all()
+            while True:
+                # done: memory empty, and the spool sent or the store tried and down
+                down = not self.sender.connected and self._cycle > start
+                if self._pending() == 0 and (len(self.spool) == 0 or down):
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    break
+                self._cv.wait(min(left, 0.5))
+            return self._pending() == 0 and len(self.spool) == 0
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self._stopping:
+            return
+        self.flush(timeout)
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        self._thread.join(timeout)
+        # what the writer could not take (it is stuck in a call to the store): to disk
+        with self._cv:
+            left = []
+            for t in TABLES:
+                while self._buf[t]:
+                    left.append(self._take(t))
+        for batch in left:
+            self.sender.to_spool(*batch)
+        if not self._thread.is_alive():
+            self.backend.close()
+            self.spool.close()
+
+    def stats(self) -> SinkStats:
+        with self._cv:
+            pending = self._pending()
+        return self.sender.stats(pending)
+
+    # -- batches ----------------------------------------------------------------------
+
+    def _take(self, table: str) -> Batch:
+        """Up to batch_rows lines of one day from the head of a table's buffer, as one
+        batch (lock held)."""
+        buf = self._buf[table]
+        day = buf[0][0]
+        lines: list[str] = []
+        while buf and buf[0][0] == day and len(lines) < self.batch_rows:
+            d, chunk = buf.popleft()
+            room = self.batch_rows - len(lines)
+            if len(chunk) > room:
+                buf.appendleft((d, chunk[room:]))
+                chunk = chunk[:room]
+            lines.extend(chunk)
+        self._buf_rows[table] -= len(lines)
+        self._since[table] = self.clock() if buf else None
+        info = BatchInfo(table, secrets.randbits(63), len(lines), day, self.run_id)
+        head = f'{{"batch_id":{info.batch_id},'
+        payload = "".join(f"{head}{line}\n" for line in lines).encode()
+        return info, payload
+
+    def _due(self, now: float, everything: bool) -> list[Batch]:
+        """Batches to send now (lock held): full ones, and the rest of a table whose
+        oldest row waited flush_interval (or all, on flush and close)."""
+        out = []
+        for t in TABLES:
+            since = self._since[t]
+            old = since is not None and now - since >= self.flush_interval
+            while self._buf_rows[t] and (self._buf_rows[t] >= self.batch_rows or old or everything):
+                out.append(self._take(t))
+        return out
+
+    def _next_deadline(self, now: float) -> float:
+        waits = [s + self.flush_interval - now for s in self._since.values() if s is not None]
+        if len(self.spool) and not self._stopping:
+            waits.append(self.sender.next_try - now)
+        return max(0.0, min(waits, default=1.0))
+
+    # -- the writer thread ----------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self.sender.ensure_open()  # the schema is applied at start, not at the first batch
+        except Exception as exc:
+            self.sender.note_error(f"storage writer: {type(exc).__name__}: {exc}", "writer")
+        flushed = 0
+        while True:
+            with self._cv:
+                while True:
+                    now = self.clock()
+                    stopping = self._stopping
+                    everything = stopping or self._flush_req != flushed
+                    batches = self._due(now, everything)
+                    if batches or everything or self.sender.spool_due(now):
+                        break
+                    self._cv.wait(self._next_deadline(now))
+                flushed = self._flush_req
+                self._inflight += sum(info.rows for info, _ in batches)
+            try:
+                self.sender.send(batches, time_budget=0.5 if stopping else 1.0)
+            except Exception as exc:  # a bug here must not end storage for the run
+                self.sender.note_error(f"storage writer: {type(exc).__name__}: {exc}", "writer")
+                for batch in batches:
+                    self.sender.to_spool(*batch)
+            with self._cv:
+                self._inflight -= sum(info.rows for info, _ in batches)
+                self._cycle += 1
+                self._cv.notify_all()
+                if stopping:
+                    return
