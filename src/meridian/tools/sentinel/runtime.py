@@ -70,15 +70,16 @@ def make_source(cfg: SentinelConfig, warn: Callable[[str], None]) -> SampleSourc
     return src.open()
 
 
-RING_S = 1.0  # the sample ring holds this long of samples at the offered rate
+RING_S = 3.0  # the sample ring holds this long of samples at the offered rate
 RECORD_BYTES = 128  # a sample and its ring header, rounded up
 RING_MIN, RING_MAX = 1 << 22, 1 << 26
 
 
 def ring_bytes(offered_per_sec: int) -> int:
-    """The sample ring's size for a rate (a power of two, 4-64 MiB): a second of
-    samples, so that a slow batch (a binary's symbols read for the first time) does
-    not overflow it."""
+    """The sample ring's size for a rate (a power of two, 4-64 MiB): three seconds of
+    samples, so that a slow batch (a binary's symbols read for the first time, or a
+    consumer given a third of a core by a busy host) does not overflow it. At 100,000
+    samples/s with both CPUs of a 2-core host busy, one second lost ~0.3-3 %."""
     want = max(RING_MIN, min(RING_MAX, int(offered_per_sec * RECORD_BYTES * RING_S)))
     return 1 << (want - 1).bit_length()
 
