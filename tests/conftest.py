@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from symbolizer_fakes import Binary, Clock, FakeProc, build_binaries
 
 from meridian.bpf import object_path
 from meridian.proc import kernel_dev
@@ -63,3 +65,36 @@ def loop_device(tmp_path: Path) -> Iterator[LoopDevice]:
         yield LoopDevice(path, name, kernel_dev(int(major), int(minor)), backing)
     finally:
         subprocess.run(["losetup", "-d", path], check=False)
+
+
+@pytest.fixture
+def utc() -> Iterator[None]:
+    """TZ=UTC for the test (times print as 22:13:20 for T0), restored after."""
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    yield
+    if old is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = old
+    time.tzset()
+
+
+# -- the sentinel symbolizer tests (symbolizer_fakes.py) -----------------------------
+
+
+@pytest.fixture(scope="session")
+def binaries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Binary]:
+    """The test program built once as a PIE, a non-PIE and a shared library."""
+    return build_binaries(tmp_path_factory.mktemp("elf"))
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> FakeProc:
+    return FakeProc(tmp_path)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()

@@ -1,0 +1,43 @@
+"""Shared by the io kernel tests: the events of one process read from a FileIO, the
+names of the operations, the end of a child workload, and the command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from meridian.tools.io.kernel import FileIO
+
+OPS = ("read", "write")
+
+
+def drain(tool: FileIO, pid: int, want: int, timeout: float = 5.0) -> np.ndarray[Any, Any]:
+    """Events of `pid` until `want` of them arrived (or the timeout)."""
+    got: list[np.ndarray[Any, Any]] = []
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        ev = tool.events(0.05)
+        if len(ev):
+            got.append(ev[ev["pid"] == pid])
+        if sum(map(len, got)) >= want:
+            break
+    return np.concatenate(got) if got else np.empty(0)
+
+
+def end_child(p: subprocess.Popen[bytes]) -> None:
+    """Close the child's stdin, on which it waits to exit; it exits 0."""
+    assert p.stdin is not None and p.stdout is not None
+    p.stdin.close()
+    assert p.wait(30) == 0
+    p.stdout.close()
+
+
+def io_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`meridian io` with these arguments, to its end."""
+    return subprocess.run(
+        [sys.executable, "-m", "meridian", "io", *args], capture_output=True, text=True, timeout=60
+    )

@@ -1,0 +1,204 @@
+"""meridian io on a loop-device ext4 file system with workloads whose answer is known:
+the page cache against the disk, direct and buffered writes, and the block requests
+of each process (in the events, the aggregates and the exit summary)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from children import reap
+from conftest import LoopDevice
+from io_trace import OPS, drain
+
+from meridian.tools.io.kernel import FileIO
+from meridian.tools.io.model import PidSummary, summarize
+from meridian.tools.io.options import Options
+
+pytestmark = pytest.mark.kernel
+MiB = 1 << 20
+SIZE = 32 * MiB
+
+
+@pytest.fixture
+def ext4(loop_device: LoopDevice, tmp_path: Path) -> Iterator[Path]:
+    """An ext4 file system on the loop device, mounted; unmounted even on failure."""
+    subprocess.run(["mkfs.ext4", "-q", "-F", loop_device.path], check=True)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", loop_device.path, str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def dd(*args: str) -> int:
+    """Run dd; returns its PID (the PID the kernel saw)."""
+    p = subprocess.Popen(["dd", *args, "status=none"])
+    assert p.wait(60) == 0
+    return p.pid
+
+
+def pid_summary(tool: FileIO, pid: int) -> PidSummary:
+    return summarize(*tool.stats())[pid]
+
+
+@pytest.mark.parametrize("strategy", ["tracepoint", "tp_btf"])
+def test_cold_read_is_disk_warm_read_is_cached(ext4: Path, strategy: str) -> None:
+    path = ext4 / "data.bin"
+    dd("if=/dev/urandom", f"of={path}", "bs=1M", f"count={SIZE // MiB}", "conv=fsync")
+    ino = path.stat().st_ino
+    drop_caches()
+    with FileIO(Options(strategy=strategy)) as tool:
+        cold = dd(f"if={path}", "of=/dev/null", "bs=128k")
+        cold_events = drain(tool, cold, SIZE // (128 << 10) + 1)
+        warm = dd(f"if={path}", "of=/dev/null", "bs=128k")
+        warm_events = drain(tool, warm, SIZE // (128 << 10) + 1)
+        first, second = pid_summary(tool, cold), pid_summary(tool, warm)
+        assert tool.counters()["events_lost"] == 0
+
+    # dd's own start-up reads (libc, locale) are regular-file reads too: the file's
+    # reads are told apart by inode in the stream, which agrees with the aggregates.
+    n = SIZE // (128 << 10) + 1  # 256 reads of 128 KiB, then the 0-byte read at EOF
+    for ev, pid, summ in ((cold_events, cold, first), (warm_events, warm, second)):
+        assert summ.comm == "dd"
+        assert set(ev["pid"].tolist()) == {pid}
+        assert len(ev) == summ.total("read").ops
+        assert int(ev["bytes"].sum()) == summ.total("read").bytes
+        assert int(ev["disk_bytes"].sum()) == summ.total("read").disk_bytes
+        on_file = ev[ev["ino"] == ino]
+        assert len(on_file) == n
+        assert int(on_file["bytes"].sum()) == SIZE
+
+    # First pass: every byte came in a disk read, disk_bytes is the file within 1%.
+    cold_file = cold_events[cold_events["ino"] == ino]
+    assert int(cold_file[cold_file["cached"] == 0]["bytes"].sum()) == SIZE
+    assert abs(int(cold_file["disk_bytes"].sum()) - SIZE) <= SIZE // 100
+    assert abs(first.total("read").disk_bytes - SIZE) <= SIZE // 100
+    assert first.total("read", cached=False).bytes >= SIZE  # and start-up reads after the drop
+    # Second pass: the page cache served it.
+    warm_file = warm_events[warm_events["ino"] == ino]
+    assert warm_file["cached"].all()
+    assert int(warm_file["disk_bytes"].sum()) == 0
+    ratio = second.hit_ratio("read")
+    assert ratio is not None and ratio >= 0.99
+    assert second.total("read").disk_bytes == 0
+
+
+def test_direct_writes_are_disk_buffered_writes_cached(ext4: Path) -> None:
+    with FileIO(Options()) as tool:
+        direct = dd(
+            "if=/dev/zero", f"of={ext4 / 'direct.bin'}", "bs=64k", "count=64", "oflag=direct"
+        )
+        buffered = dd("if=/dev/zero", f"of={ext4 / 'buffered.bin'}", "bs=64k", "count=64")
+        d, b = pid_summary(tool, direct), pid_summary(tool, buffered)
+
+    assert d.total("write").ops == 64 and d.total("write").bytes == 64 * 65536
+    assert d.total("write", cached=True).ops == 0
+    assert d.total("write").disk_bytes >= 64 * 65536
+    assert b.total("write").ops == 64 and b.total("write").bytes == 64 * 65536
+    assert b.total("write", cached=False).ops == 0
+    assert b.total("write").disk_bytes == 0
+    # /dev/zero is not a regular file: dd's 64 reads of 64 KiB from it are not there
+    # (only its start-up reads of libc and locale files, a few KiB).
+    assert d.total("read").bytes < 65536 and b.total("read").bytes < 65536
+
+
+def disk_summary(tool: FileIO, pid: int) -> dict[str, tuple[int, int, int]]:
+    """(requests, bytes, histogram count) of the block requests `pid` submitted, by op."""
+    keys, vals = tool.disk_stats()
+    out = {}
+    for k, v in zip(keys, vals, strict=True):
+        if int(k["pid"]) == pid:
+            v = np.atleast_1d(v)
+            out[OPS[int(k["op"])]] = (
+                int(v["requests"].sum()),
+                int(v["bytes"].sum()),
+                int(v["slots"].sum()),
+            )
+    return out
+
+
+def test_block_requests_attributed_to_the_pid(ext4: Path) -> None:
+    """O_DIRECT on the loop device's ext4: each 64 KiB read and write is one block
+    request submitted by dd, with its device latency, in the per-PID disk aggregates and
+    in the operation's event."""
+    path = ext4 / "direct.bin"
+    dd("if=/dev/urandom", f"of={path}", "bs=1M", "count=1", "conv=fsync")
+    ino = path.stat().st_ino
+    with FileIO(Options()) as tool:
+        reader = dd(f"if={path}", "of=/dev/null", "bs=64k", "iflag=direct")
+        events = drain(tool, reader, 17)
+        writer = dd(
+            "if=/dev/zero", f"of={path}", "bs=64k", "count=16", "oflag=direct", "conv=notrunc"
+        )
+        wevents = drain(tool, writer, 16)
+        rd, wr = disk_summary(tool, reader), disk_summary(tool, writer)
+    assert rd == {"read": (16, 1 << 20, 16)}
+    assert wr == {"write": (16, 1 << 20, 16)}
+    for ev, op in ((events, 0), (wevents, 1)):
+        on_file = ev[(ev["ino"] == ino) & (ev["bytes"] > 0) & (ev["op"] == op)]
+        assert len(on_file) == 16
+        assert (on_file["disk_requests"] == 1).all()
+        assert (on_file["disk_latency_ns"] > 0).all()
+        assert (on_file["disk_latency_ns"] <= on_file["latency_ns"]).all()
+    # Operations that submitted nothing carry no device time.
+    assert (events[events["ino"] != ino]["disk_requests"] == 0).all()
+
+
+IO_CMD = [sys.executable, "-m", "meridian", "io"]
+
+
+def test_block_requests_in_the_summary_and_retired_with_the_process(ext4: Path) -> None:
+    """The exit summary reports the block requests per submitting process (JSON
+    `type: block`, exact counts), and an exited submitter is retired from `disk_io`
+    after the grace period but stays in the summary."""
+    path = ext4 / "direct.bin"
+    dd("if=/dev/urandom", f"of={path}", "bs=1M", "count=1", "conv=fsync")
+    proc = subprocess.Popen(
+        [*IO_CMD, "-v", "--no-events", "--grace", "0", "--interval", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        while "strategy:" not in (line := proc.stderr.readline()):
+            assert line, "meridian io exited before attaching"
+        reader = dd(f"if={path}", "of=/dev/null", "bs=64k", "iflag=direct")
+        time.sleep(1.0)  # several table intervals: the exited dd is retired meanwhile
+        dump = subprocess.run(
+            ["bpftool", "-j", "map", "dump", "name", "disk_io"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        # Raw keys: struct fileio_disk_key starts with the u32 pid (little-endian).
+        live = {
+            int.from_bytes(bytes(int(b, 16) for b in e["key"][:4]), "little")
+            for e in json.loads(dump.stdout)
+        }
+        proc.terminate()
+        out, err = proc.communicate(timeout=30)
+    finally:
+        reap(proc)
+    assert proc.returncode == 0, err
+    block = [json.loads(x) for x in out.splitlines() if '"type":"block"' in x.replace(" ", "")]
+    mine = [b for b in block if b["pid"] == reader]
+    assert len(mine) == 1
+    assert (mine[0]["op"], mine[0]["requests"], mine[0]["bytes"]) == ("read", 16, 1 << 20)
+    assert mine[0]["latency"]["count"] == 16
+    assert reader not in live  # retired from the kernel map, kept for the summary

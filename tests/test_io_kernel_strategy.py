@@ -1,0 +1,186 @@
+"""meridian io's strategies on the real kernel: sendfile and copy_file_range under each
+tracepoint strategy, the kprobe programs through the verifier, the choice of the
+first strategy that works, and threads sharing one in-flight slot."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from children import reap
+from io_trace import OPS, drain, end_child, io_cli
+
+from meridian.tools.io.kernel import FileIO
+from meridian.tools.io.model import summarize
+from meridian.tools.io.options import Options
+
+pytestmark = pytest.mark.kernel
+
+
+COPIER = r"""
+import os, socket, sys
+src, dst, dst2, dst3 = sys.argv[1:5]
+s = os.open(src, os.O_RDONLY)
+d = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+d2 = os.open(dst2, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+d3 = os.open(dst3, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+z = os.open("/dev/zero", os.O_RDONLY)
+a, b = socket.socketpair()
+sys.stdout.write("ready\n"); sys.stdout.flush()
+sys.stdin.readline()
+got = [
+    os.sendfile(d, s, 0, 65536),            # file -> file: a read and a write
+    os.sendfile(a.fileno(), s, 0, 12288),   # file -> socket: a read
+    os.copy_file_range(s, d2, 32768, 0, 0), # file -> file: a read and a write
+    os.sendfile(d3, z, None, 8192),         # /dev/zero -> file: a write
+]
+sys.stdout.write(" ".join(map(str, got)) + " %d %d %d %d\n" % (s, d, d2, d3))
+sys.stdout.flush()
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("strategy", ["tracepoint", "tp_btf"])
+def test_sendfile_and_copy_file_range(tmp_path: Path, strategy: str) -> None:
+    """The regular-file side of a copy: the source's bytes as a read, the target's as a
+    write, exact, with the right fd and inode; sockets and /dev/zero are not there."""
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(65536))
+    dst, dst2, dst3 = (tmp_path / n for n in ("dst.bin", "dst2.bin", "dst3.bin"))
+    p = subprocess.Popen(
+        [sys.executable, "-c", COPIER, *map(str, (src, dst, dst2, dst3))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        with FileIO(Options(pids=[p.pid], strategy=strategy)) as tool:
+            assert p.stdin is not None
+            p.stdin.write(b"go\n")
+            p.stdin.flush()
+            n_file, n_sock, n_copy, n_zero, fs, fd, fd2, fd3 = map(int, p.stdout.readline().split())
+            events = drain(tool, p.pid, 6, timeout=3.0)
+            stats = summarize(*tool.stats())
+        end_child(p)
+    finally:
+        reap(p)
+    assert (n_file, n_sock, n_copy, n_zero) == (65536, 12288, 32768, 8192)
+    ino = {f: f.stat().st_ino for f in (src, dst, dst2, dst3)}
+    got = sorted((OPS[int(e["op"])], int(e["fd"]), int(e["ino"]), int(e["bytes"])) for e in events)
+    assert got == sorted(
+        [
+            ("read", fs, ino[src], 65536),
+            ("write", fd, ino[dst], 65536),
+            ("read", fs, ino[src], 12288),
+            ("read", fs, ino[src], 32768),
+            ("write", fd2, ino[dst2], 32768),
+            ("write", fd3, ino[dst3], 8192),
+        ]
+    )
+    ps = stats[p.pid]
+    assert ps.total("read").ops == 3 and ps.total("read").bytes == 65536 + 12288 + 32768
+    assert ps.total("write").ops == 3 and ps.total("write").bytes == 65536 + 32768 + 8192
+    # The source was just written: in the page cache; the targets only dirty pages.
+    assert ps.total("read").disk_bytes == 0 and ps.total("write").disk_bytes == 0
+
+
+def test_kprobe_strategy_passes_the_verifier() -> None:
+    """kprobes cannot attach on this kernel, but their programs load: the verifier
+    accepts the kprobe path (ksyscall wrappers, real fds) as it is shipped."""
+    from meridian.bpf import BpfObject, object_path
+    from meridian.tools.io.kernel import SIGNALS, STRATEGIES
+
+    kprobe = next(s for s in STRATEGIES if s.name == "kprobe")
+    with BpfObject(object_path("io")) as obj:
+        obj.select([*kprobe.programs, *SIGNALS])
+        obj.load()
+
+
+def test_strategy_falls_through_and_is_named() -> None:
+    """choose() skips what this kernel refuses (fentry: EPERM, kprobe: no kprobe events
+    here) and takes the first that works; -v says which, as does meridian doctor."""
+    from meridian.bpf import choose
+    from meridian.tools.io import STRATEGIES
+
+    chosen = choose(STRATEGIES)
+    before = STRATEGIES[: STRATEGIES.index(chosen)]
+    assert all(s.missing() for s in before)
+    with FileIO(Options(no_events=True)) as tool:
+        assert tool.strategy is chosen
+        assert set(chosen.programs) & set(tool.selected)
+    r = io_cli("-v", "--no-events", "--duration", "0.2")
+    assert r.returncode == 0
+    assert f"strategy: {chosen.name} (" in r.stderr
+    doctor = subprocess.run(
+        [sys.executable, "-m", "meridian", "doctor"], capture_output=True, text=True, timeout=60
+    )
+    assert any(line.split()[:2] == ["io", chosen.name] for line in doctor.stdout.splitlines())
+    for s in before:  # forcing a refused strategy: one line, exit 2
+        r = io_cli("--strategy", s.name, "--duration", "0.2")
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+# A thread blocked in a read of a regular file (a tracefs instance's trace_pipe, which
+# waits for data) while another thread of the process does file I/O.
+SHARER = r"""
+import os, sys, threading, time
+path, inst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+f = os.open(path, os.O_RDONLY)
+pipe = os.open(inst + "/trace_pipe", os.O_RDONLY)
+marker = os.open(inst + "/trace_marker", os.O_WRONLY)
+sys.stdout.write("ready\n"); sys.stdout.flush()
+sys.stdin.readline()
+got = []
+t = threading.Thread(target=lambda: got.append(os.read(pipe, 4096)))
+t.start()
+state = os.open("/proc/self/task/%d/syscall" % t.native_id, os.O_RDONLY)
+polls = 1
+while os.pread(state, 64, 0).split()[0] != b"0":  # until the thread sleeps in read(2)
+    time.sleep(0.01)
+    polls += 1
+for _ in range(n):
+    os.pread(f, 4096, 0)
+os.write(marker, b"wake\n")  # the blocked read returns
+t.join()
+sys.stdout.write("%d %d\n" % (polls, len(got[0]))); sys.stdout.flush()
+sys.stdin.readline()
+"""
+
+
+def test_threads_sharing_a_slot_are_never_mispaired(tmp_path: Path) -> None:
+    """With one in-flight slot for all threads, a thread that starts an operation while
+    another's is in flight takes the slot: the other's operation is counted as evicted,
+    not measured, and every operation of the taker is exact."""
+    path = tmp_path / "small.bin"
+    path.write_bytes(os.urandom(4096))
+    inst = Path("/sys/kernel/tracing/instances/meridian-io-slots")
+    inst.mkdir()
+    p = subprocess.Popen(
+        [sys.executable, "-c", SHARER, str(path), str(inst), "100"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        with FileIO(Options(pids=[p.pid], thread_slots=1, no_events=True)) as tool:
+            assert p.stdin is not None
+            p.stdin.write(b"go\n")
+            p.stdin.flush()
+            polls, woke = map(int, p.stdout.readline().split())
+            stats = summarize(*tool.stats())[p.pid]
+            counters = tool.counters()
+        end_child(p)
+    finally:
+        reap(p)
+        inst.rmdir()
+    assert woke > 0
+    assert counters["evicted"] == 1  # the blocked read(2)
+    # The preads and the polls of the thread's state (procfs files are regular files),
+    # all by the main thread; not the evicted read.
+    reads = stats.total("read")
+    assert reads.ops == 100 + polls
+    assert reads.bytes_requested == 100 * 4096 + polls * 64
+    assert stats.total("write").ops == 1  # the trace_marker write

@@ -1,0 +1,186 @@
+"""ClickHouse storage of meridian sentinel: the batcher's exactly-once and spool logic,
+against a fake store that can be down, slow, or lose its answers."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sentinel_store import rollups, say_lines, wait_stored
+
+from meridian.tools.sentinel.storage import BatchInfo, BatchingSink, Reporter, StoreUnavailable
+
+
+class FakeStore:
+    """Stores batches by id; `fail` makes the next inserts fail in a given way."""
+
+    name = "fake://store"
+
+    def __init__(self) -> None:
+        self.batches: dict[int, tuple[BatchInfo, bytes]] = {}
+        self.inserts = 0
+        self.fail: list[str] = []  # "down", "lost-answer" (stored, then no answer)
+        self.down = False
+        self.gate = threading.Event()  # inserts wait for it: a slow store
+        self.gate.set()
+        self.mu = threading.Lock()
+
+    def open(self) -> None:
+        if self.down:
+            raise StoreUnavailable("fake store is down", kind="unreachable")
+
+    def insert(self, info: BatchInfo, payload: bytes) -> None:
+        self.gate.wait(30)
+        with self.mu:
+            self.inserts += 1
+            how = self.fail.pop(0) if self.fail else ""
+            if self.down or how == "down":
+                raise StoreUnavailable("fake store is down", kind="unreachable")
+            self.batches[info.batch_id] = (info, payload)
+            if how == "lost-answer":
+                raise StoreUnavailable("fake: no answer", kind="unreachable", ambiguous=True)
+
+    def stored_rows(self, info: BatchInfo) -> int:
+        if self.down:
+            raise StoreUnavailable("fake store is down", kind="unreachable")
+        return self.batches[info.batch_id][0].rows if info.batch_id in self.batches else 0
+
+    def query(self, sql: str) -> list[dict[str, Any]]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+    def flows(self) -> list[int]:
+        out = []
+        for _, payload in self.batches.values():
+            out += [json.loads(line)["flow_id"] for line in payload.decode().splitlines()]
+        return sorted(out)
+
+
+def fake_sink(tmp_path: Path, store: FakeStore, **kw: Any) -> tuple[BatchingSink, Reporter]:
+    reporter = Reporter(err=io.StringIO())
+    opts: dict[str, Any] = {"batch_rows": 100, "flush_interval": 0.05, "max_backoff": 0.05}
+    opts.update(kw)
+    sink = BatchingSink(store, spool_dir=str(tmp_path / "spool"), reporter=reporter, **opts)
+    return sink, reporter
+
+
+def test_batches_by_size_and_time(tmp_path: Path) -> None:
+    store = FakeStore()
+    sink, _ = fake_sink(tmp_path, store, flush_interval=0.3)
+    try:
+        sink.write_rollups(rollups(0, 250))
+        deadline = time.monotonic() + 5
+        while len(store.batches) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # two full batches go at once; the 50 left wait for the interval
+        assert sorted(i.rows for i, _ in store.batches.values()) == [100, 100]
+        while len(store.batches) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(i.rows for i, _ in store.batches.values()) == [50, 100, 100]
+        assert store.flows() == list(range(250))
+    finally:
+        sink.close()
+
+
+def test_lost_answer_is_not_sent_twice(tmp_path: Path) -> None:
+    store = FakeStore()
+    store.fail = ["lost-answer", "down"]
+    sink, _ = fake_sink(tmp_path, store)
+    try:
+        sink.write_rollups(rollups(0, 100))
+        sink.write_rollups(rollups(100, 100))
+        wait_stored(sink, 10)
+        assert store.flows() == list(range(200))  # each row once
+        st = sink.stats()
+        assert st.rows_written == 200 and st.dropped_rows == 0 and st.flush_errors == 2
+    finally:
+        sink.close()
+
+
+def test_spool_full_drops_are_counted_and_said_once(tmp_path: Path) -> None:
+    store = FakeStore()
+    store.down = True
+    sink, reporter = fake_sink(tmp_path, store, spool_max_bytes=150_000)
+    try:
+        for i in range(20):
+            sink.write_rollups(rollups(i * 100, 100))
+            sink.flush(timeout=1.0)
+        st = sink.stats()
+        assert st.dropped_rows > 0 and st.spooled_rows > 0
+        assert st.dropped_rows + st.spooled_rows == 2000
+        assert len(say_lines(reporter, "is full")) == 1
+        assert len(say_lines(reporter, "fake store is down")) == 1
+        store.down = False
+        wait_stored(sink, 10)
+        assert len(store.flows()) == st.spooled_rows  # what was kept arrives, once
+        assert sink.stats().dropped_rows == st.dropped_rows
+    finally:
+        sink.close()
+
+
+def test_bad_rows_and_full_disk_never_raise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FakeStore()
+    store.down = True
+    sink, reporter = fake_sink(tmp_path, store)
+
+    def full(*args: Any) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    try:
+        sink.write_rollups([object()])  # type: ignore[list-item]
+        assert sink.stats().dropped_rows == 1
+        monkeypatch.setattr(sink.spool, "_write", full)
+        for i in range(5):
+            sink.write_rollups(rollups(i * 10, 10))
+            sink.flush(timeout=2.0)
+        assert sink.stats().dropped_rows == 51
+        (line,) = say_lines(reporter, "No space left on device")
+        assert "dropping rows" in line and "51 rows dropped in all" not in line
+        assert all("\n" not in line for line in reporter.lines)
+    finally:
+        sink.close()
+
+
+def test_slow_store_overflow_goes_to_disk(tmp_path: Path) -> None:
+    store = FakeStore()
+    store.gate.clear()
+    sink, _ = fake_sink(tmp_path, store, max_pending_rows=250)
+    try:
+        for i in range(10):
+            sink.write_rollups(rollups(i * 100, 100))  # returns at once
+        assert sink.stats().spooled_rows >= 500  # past the bound: on disk, not in memory
+        store.gate.set()
+        wait_stored(sink, 10)
+        assert store.flows() == list(range(1000))
+    finally:
+        store.gate.set()
+        sink.close()
+
+
+def test_spool_outlives_the_agent(tmp_path: Path) -> None:
+    store = FakeStore()
+    store.down = True
+    sink, _ = fake_sink(tmp_path, store)
+    sink.write_rollups(rollups(0, 150))
+    sink.close(timeout=2.0)
+    sink.write_rollups(rollups(150, 5))  # after close: counted, not raised
+    assert sink.stats().dropped_rows == 5
+    assert not store.batches
+    store.down = False
+    again, _ = fake_sink(tmp_path, store)
+    try:
+        wait_stored(again, 10)
+        assert store.flows() == list(range(150))
+    finally:
+        again.close()

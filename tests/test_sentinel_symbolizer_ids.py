@@ -1,0 +1,134 @@
+"""The sentinel symbolizer's ids: functions, stacks and data objects interned and
+bounded, the cheap mode that leaves slow reads to warm(), and the runtime's resolver
+labels for what it did not resolve."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from symbolizer_fakes import PID, Binary, Clock, FakeProc, maps_lines, symbolizer
+
+from meridian.tools.sentinel.symbolizer import DataObject
+
+
+def test_function_and_stack_ids(
+    binaries: dict[str, Binary], fake: FakeProc, clock: Clock, tmp_path: Path
+) -> None:
+    b = binaries["pie"]
+    fake.add(PID, maps_lines(b, 0x5500_0000_0000))
+    fake.add(PID + 1, maps_lines(b, 0x5600_0000_0000))  # the same binary, elsewhere
+    s = symbolizer(fake, clock, tmp_path)
+    sym = b.symbols
+
+    def ips(base: int, *names: str) -> list[int]:
+        return [base + sym[n] + 1 for n in names]
+
+    fa = s.function_id(PID, ips(0x5500_0000_0000, "alpha")[0])
+    assert fa == s.function_id(PID, 0x5500_0000_0000 + sym["alpha"] + 3)
+    assert fa == s.function_id(PID + 1, ips(0x5600_0000_0000, "alpha")[0])
+    fb = s.function_id(PID, ips(0x5500_0000_0000, "beta")[0])
+    assert fa != fb and fa > 0 and fb > 0
+    assert s.function_name(fa) == "alpha" and s.function_name(fb) == "beta"
+    unknown = s.function_id(PID, 0x5500_0000_0000 + 0x10)
+    assert s.function_name(unknown) == "[unknown] (pie)"
+    assert s.function_name(12345) == "[unknown]"
+
+    st = s.stack_id(PID, ips(0x5500_0000_0000, "alpha", "beta", "main"))
+    assert st == s.stack_id(PID, ips(0x5500_0000_0000, "alpha", "beta", "main"))
+    assert st == s.stack_id(PID + 1, ips(0x5600_0000_0000, "alpha", "beta", "main"))
+    other = s.stack_id(PID, ips(0x5500_0000_0000, "beta", "main"))
+    assert other != st and s.stack_id(PID, []) == 0
+    assert [f.function for f in s.stack(st)] == ["alpha", "beta", "main"]
+    assert s.stack(0) == () and s.stack(999) == ()
+    assert [i for i, _ in s.consume_stacks()] == [st, other]
+    assert s.consume_stacks() == []
+
+
+def test_data_objects(fake: FakeProc, clock: Clock, tmp_path: Path) -> None:
+    s = symbolizer(fake, clock, tmp_path, max_data_objects=3)
+    arena = s.register_data_object(5, 0x1000, "arena", "heap", 0x1000)
+    inner = s.register_data_object(5, 0x1800, "conn_table", "struct conn[16]", 0x100)
+    exact = s.register_data_object(5, 0x3000, "flag")
+    assert s.register_data_object(5, 0x1000, "arena", "heap", 0x1000) == arena
+    assert len({arena, inner, exact}) == 3 and min(arena, inner, exact) > 0
+    assert s.data_object_id(5, 0x1010) == arena
+    assert s.data_object_id(5, 0x1810) == inner  # the innermost object
+    assert s.data_object_id(5, 0x1900) == arena
+    assert s.data_object_id(5, 0x3000) == exact and s.data_object_id(5, 0x3001) == 0
+    assert s.data_object_id(6, 0x1010) == 0
+    assert s.data_object(inner) == DataObject(
+        inner, 5, 0x1800, "conn_table", "struct conn[16]", 0x100
+    )
+    assert [o.object_id for o in s.consume_data_objects()] == [arena, inner, exact]
+    assert s.consume_data_objects() == []
+    newest = s.register_data_object(6, 0x10, "x", size=8)  # bound 3: the oldest goes
+    assert s.data_object(arena) is None and s.data_object_id(5, 0x1010) == 0
+    assert s.data_object_id(6, 0x17) == newest
+    s.forget(5)
+    assert s.data_object_id(5, 0x1810) == 0
+    assert s.data_object(inner) is not None  # ids already handed out stay readable
+
+
+def test_cheap_mode_leaves_slow_reads_to_warm(
+    binaries: dict[str, Binary], fake: FakeProc, clock: Clock, tmp_path: Path
+) -> None:
+    """Cheap answers come only from what is loaded: the first address of a binary
+    (its symbols not read yet) is `unresolved` and noted; warm() reads it, and the
+    same addresses then answer as the full mode does, with file and line."""
+    b = binaries["pie"]
+    base = 0x5500_0000_0000
+    fake.add(PID, maps_lines(b, base))
+    s = symbolizer(fake, clock, tmp_path)
+    alpha, beta = base + b.symbols["alpha"] + 1, base + b.symbols["beta"] + 1
+    U = 2**64 - 1
+    assert s.function_ids([PID, PID], [alpha, beta], cheap=True, unresolved=U) == [U, U]
+    assert s.stack_id(PID, [alpha, beta], cheap=True, unresolved=U) == U
+    assert s.cache_sizes()["binaries"] == 0 and s.cheap_misses == 4
+    assert s.warm(10.0) == 0
+    got = s.function_ids([PID, PID], [alpha, beta], cheap=True, unresolved=U)
+    assert got == [s.function_id(PID, alpha), s.function_id(PID, beta)] and U not in got
+    st = s.stack_id(PID, [alpha, beta], cheap=True, unresolved=U)
+    assert st != U and [f.function for f in s.stack(st)] == ["alpha", "beta"]
+    assert s.stack(st)[0].line > 0
+
+
+def test_resolver_labels_what_it_did_not_resolve() -> None:
+    """The runtime's resolver: a stack whose frames are gone from the source is
+    GONE_STACK, an address over the cheap mode UNRESOLVED; both named by a label."""
+    from meridian.tools.sentinel.aggregator import UNRESOLVED
+    from meridian.tools.sentinel.flows import FlowNames
+    from meridian.tools.sentinel.resolver import GONE_STACK, RuntimeNames, SymbolResolver
+
+    class Cheap:
+        def function_id(self, pid: int, ip: int) -> int:
+            return 1
+
+        def function_ids(
+            self, pids: Any, ips: Any, cheap: bool = False, unresolved: int = 0
+        ) -> list[int]:
+            return [unresolved if cheap else 1 for _ in ips]
+
+        def stack_id(self, pid: int, ips: Any, cheap: bool = False, unresolved: int = 0) -> int:
+            return unresolved if cheap else 5
+
+        def warm(self, budget_s: float) -> int:
+            return 0
+
+        def function_name(self, function_id: int) -> str:
+            return "f"
+
+        def stack(self, stack_id: int) -> tuple[Any, ...]:
+            return ("frame",)
+
+    sym = Cheap()
+    r = SymbolResolver(sym, lambda sid: (0x1000,) if sid == 1 else ())  # type: ignore[arg-type]
+    assert r.function_ids([1], [0x1000]) == [UNRESOLVED]
+    assert r.callstack_id(1, 1, -14, 0x1000) == UNRESOLVED
+    assert r.callstack_id(1, 2, -14, 0x1000) == GONE_STACK  # id 2: frames gone
+    names = RuntimeNames(FlowNames(), threading.Lock(), sym)  # type: ignore[arg-type]
+    assert names.function(UNRESOLVED).startswith("[unresolved")
+    assert names.stack(UNRESOLVED)[0].startswith("[unresolved")
+    assert names.stack(GONE_STACK)[0].startswith("[stack gone")
+    assert names.stack(3) == ["frame"]
