@@ -23,9 +23,9 @@ LBR_DTYPE = np.dtype(
 )
 
 
-def test_schema_has_the_four_tables_with_sorting_keys() -> None:
+def test_schema_has_the_six_tables_with_sorting_keys() -> None:
     sql = statements()
-    assert len(sql) == 4
+    assert len(sql) == 6
     for table, stmt in zip(TABLES, sql, strict=True):
         assert stmt.startswith(f"CREATE TABLE IF NOT EXISTS {table}")
         assert "ENGINE = MergeTree()" in stmt and "ORDER BY" in stmt

@@ -26,6 +26,8 @@ EXAMPLES = """examples:
   meridian sentinel --xdp eth0 -p 1234         # XDP flow hook on eth0; only PID 1234
   meridian sentinel --json --duration 10       # one JSON object per flush window
   meridian sentinel --metrics-port 9102 --metrics-address 0.0.0.0   # /metrics for all
+  meridian sentinel --data-dir /var/lib/ms      # rollups, stacks, names in embedded ClickHouse
+  meridian sentinel --clickhouse-url http://ch:8123 --clickhouse-password-file pw   # a server
   meridian sentinel --print-config > sentinel.yaml   # every key with its default
   meridian sentinel --config sentinel.yaml -v  # from a file; -v names strategy and events
   meridian sentinel --perf-mock --mock-period-ms=25 --metrics-port=9102   # no kernel: demo
@@ -76,6 +78,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     _repeated(p, "-p", "PID", "only this process", "--pid")
     p.add_argument("--metrics-port", metavar="PORT", help="serve /metrics here (0: any port)")
     p.add_argument("--metrics-address", metavar="HOST", help="address of /metrics")
+    p.add_argument("--data-dir", metavar="DIR", help="store in embedded ClickHouse (chDB) here")
+    p.add_argument("--clickhouse-url", metavar="URL", help="store on this ClickHouse server (HTTP)")
+    p.add_argument("--clickhouse-user", metavar="USER", help="ClickHouse user (default: default)")
+    p.add_argument(
+        "--clickhouse-password-file", metavar="FILE", help="file holding the ClickHouse password"
+    )
+    _switch(p, "--raw-samples", "store every sample too (ms_raw_samples), not only rollups")
     _switch(p, "--perf-mock", "synthetic samples, no kernel (demos and tests)")
     p.add_argument("--mock-period-ms", metavar="MS", help="ms between two mock batches")
     p.add_argument("--duration", metavar="S", help="stop after this many seconds")

@@ -123,6 +123,11 @@ FLAGS: dict[str, tuple[str, str]] = {
     "pid": ("targets.pids", "-p/--pid"),
     "metrics_port": ("metrics.listen_port", "--metrics-port"),
     "metrics_address": ("metrics.listen_address", "--metrics-address"),
+    "data_dir": ("clickhouse.data_dir", "--data-dir"),
+    "clickhouse_url": ("clickhouse.url", "--clickhouse-url"),
+    "clickhouse_user": ("clickhouse.user", "--clickhouse-user"),
+    "clickhouse_password_file": ("clickhouse.password_file", "--clickhouse-password-file"),
+    "raw_samples": ("clickhouse.raw_samples", "--raw-samples"),
     "perf_mock": ("mock.enabled", "--perf-mock"),
     "mock_period_ms": ("mock.period_ms", "--mock-period-ms"),
     "duration": ("run.duration", "--duration"),
@@ -168,6 +173,8 @@ def merge_args(cfg: SentinelConfig, args: argparse.Namespace) -> SentinelConfig:
         given["perf.sentinel_groups"] = given["perf.diagnostic_groups"] = "--events"
     if given.get("metrics.listen_port"):
         out.metrics.enabled = True
+    if given.get("clickhouse.data_dir") or given.get("clickhouse.url"):
+        out.clickhouse.enabled = True
 
     def label(key: str) -> str:
         return given.get(key, key)

@@ -153,6 +153,7 @@ class ClickHouseConfig:
     batch_rows: int = _key(10000, "rows per INSERT batch at most")
     flush_interval: float = _key(1.0, "seconds before a partial batch is sent", DURATION)
     spool_max_bytes: int = _key(1 << 30, "on-disk queue while the server is unreachable")
+    raw_samples: bool = _key(False, "store every sample too (ms_raw_samples), not only rollups")
 
 
 @dataclass

@@ -156,6 +156,11 @@ class SentinelMetrics:
         self.top_flows = top_flows
         self._snapshot = MetricsSnapshot()
         self._lock = threading.Lock()
+        self._more: list[Callable[[], list[Family]]] = []
+
+    def add_source(self, source: Callable[[], list[Family]]) -> None:
+        """More families for every scrape (the store's counters, detectors' findings)."""
+        self._more.append(source)
 
     def update(self, snapshot: MetricsSnapshot) -> None:
         """Replace the snapshot (the flush thread); scrapes see the old or the new one."""
@@ -235,6 +240,8 @@ class SentinelMetrics:
                 [Point({"reason": k}, int(v)) for k, v in sorted(s.dropped.items())],
             ),
         ]
+        for more in list(self._more):
+            out.extend(more())
         return out
 
     def _flow_families(self, s: MetricsSnapshot) -> list[Family]:

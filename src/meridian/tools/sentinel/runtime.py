@@ -133,6 +133,8 @@ def run_cli(cfg: SentinelConfig, out: TextIO, err: TextIO) -> int:
         err.flush()
 
     rt = Runtime(cfg, lambda: make_source(cfg, log), log=log)
+    if cfg.clickhouse.enabled:
+        _add_store(rt, cfg, err)
     live: LiveView | None = None
     if cfg.run.json:
         rt.add_observer(JsonView(out, rt.names, cfg.metrics.top_flows))
@@ -169,6 +171,19 @@ def run_cli(cfg: SentinelConfig, out: TextIO, err: TextIO) -> int:
         raise failed
     rt.raise_error()
     return 0
+
+
+def _add_store(rt: Runtime, cfg: SentinelConfig, err: TextIO) -> None:
+    """The store as an observer, its counters in /metrics. The store is opened by the
+    sink's own thread: one that is down or broken is said once a minute, and the agent
+    samples on meanwhile, spooling up to the limit."""
+    from .storage import Reporter, open_sink
+    from .storage.writer import StoreWriter
+
+    sink = open_sink(cfg.clickhouse, reporter=Reporter(err))
+    writer = StoreWriter(sink, rt.symbolizer, rt.names.flow, cfg.clickhouse.raw_samples)
+    rt.add_observer(writer)
+    rt.metrics.add_source(writer.families)
 
 
 def _summary(rt: Runtime, cfg: SentinelConfig, out: TextIO) -> None:

@@ -11,11 +11,9 @@ Where an address comes from, in the order tried:
 Nothing here raises for an address it cannot name: the frame says "[unknown]", with
 the binary and the offset in it when the mapping is known.
 
-Caches are bounded LRUs: one view per process (its mappings), one symbol table per
-binary (shared by every process mapping it), and recent frames keyed by (pid, view,
-ip) so that a replaced view's frames are never served and simply age out (the
-views: procview.py; the LRU and the interner: symcache.py; data objects:
-dataobjects.py). `forget(pid)` drops a process at once, with its registrations.
+Caches are bounded LRUs: a view per process (its mappings; procview.py), a symbol
+table per binary, recent frames keyed by (pid, view, ip), so that a replaced view's
+frames age out (LRU, interner: symcache.py). `forget(pid)` drops a process at once.
 
 Cheap mode (`function_ids`/`stack_id` with cheap=True) answers only from what is
 loaded: an address that needs a slow read is answered "unresolved" and left for
@@ -97,11 +95,9 @@ class Symbolizer:
         self._jit: Lru[int, JitRegions] = Lru(max_processes)
         self._functions: Interner[tuple[str, str]] = Interner(max_functions)
         self._stacks: Interner[tuple[Frame, ...]] = Interner(max_stacks)
-        # Ids already given for (pid, state, ip) and (pid, state, ips), where state
-        # names everything an answer came from (the process's view, the JIT and kernel
-        # registrations, the interners): asked again, the same addresses cost a dict
-        # lookup instead of their frames. Only answers that would not change without
-        # a change of state are kept (what the frame cache keeps, JIT regions, kernel).
+        # Ids given for (pid, state, ip) and (pid, state, ips), state naming all an
+        # answer came from (view, JIT and kernel registrations, interners): asked again,
+        # a dict lookup instead of frames. Only answers stable within a state are kept.
         self._jit_gen = 0
         # (owner, state) -> {ip: function id}: a dict lookup per address; all of them
         # dropped at once past max_frames answers (tables of old states among them)
@@ -255,10 +251,14 @@ class Symbolizer:
         with self._lock:
             return len(self._misses)
 
+    def function_key(self, function_id: int) -> tuple[str, str] | None:
+        """(binary, symbol) of a function id (None: not interned), for storage."""
+        with self._lock:
+            return self._functions.key(function_id)
+
     def function_name(self, function_id: int) -> str:
         """A function id's display name: the symbol, or "[unknown] (binary)"."""
-        with self._lock:
-            key = self._functions.key(function_id)
+        key = self.function_key(function_id)
         if key is None:
             return UNKNOWN
         binary, function = key
@@ -302,7 +302,7 @@ class Symbolizer:
                 self._stack_ids.put((pid, self._state(pid), addrs), ident)
             return ident
 
-    def stack(self, stack_id: int) -> tuple[Frame, ...]:
+    def stack(self, stack_id: int) -> tuple[Frame, ...]:  # frames innermost first
         with self._lock:
             return self._stacks.key(stack_id) or ()
 

@@ -1,5 +1,5 @@
 """What the agent stores, as JSONEachRow lines: rollups, raw samples (with their LBR),
-call stacks and data objects.
+call stacks, data objects, and the names of flows and functions.
 
 Lines are built column-wise with one %-template per table (no json.dumps per number),
 and grouped by the day of their time, so a batch never spans two partitions. A line
@@ -21,6 +21,8 @@ if TYPE_CHECKING:  # types only: storage needs neither module to run
 __all__ = [
     "Chunk",
     "data_object_lines",
+    "flow_lines",
+    "function_lines",
     "raw_lines",
     "rollup_lines",
     "stack_lines",
@@ -212,4 +214,40 @@ def data_object_lines(
             "seen_ns": int(seen_ns),
         }
         lines.append(json.dumps(fields, separators=(",", ":"))[1:-1] + tail)
+    return [(0, lines)] if lines else []
+
+
+def flow_lines(
+    flows: Sequence[tuple[int, str, str, int, int, str]], run_id: int, host: str, seen_ns: int
+) -> list[Chunk]:
+    """(flow_id, src, dst, sport, dport, proto) of flows named for the first time."""
+    tail = _tail(run_id, host)
+    lines = []
+    for flow_id, src, dst, sport, dport, proto in flows:
+        fields = {
+            "flow_id": int(flow_id),
+            "src": str(src),
+            "dst": str(dst),
+            "sport": int(sport),
+            "dport": int(dport),
+            "proto": str(proto),
+            "seen_ns": int(seen_ns),
+        }
+        lines.append(json.dumps(fields, separators=(",", ":"))[1:-1] + tail)
+    return [(0, lines)] if lines else []
+
+
+def function_lines(
+    functions: Sequence[tuple[int, str, str]], run_id: int, host: str, seen_ns: int
+) -> list[Chunk]:
+    """(function_id, binary, function) of functions named for the first time."""
+    tail = _tail(run_id, host)
+    lines = [
+        json.dumps(
+            {"function_id": int(fid), "binary": str(b), "function": str(f), "seen_ns": seen_ns},
+            separators=(",", ":"),
+        )[1:-1]
+        + tail
+        for fid, b, f in functions
+    ]
     return [(0, lines)] if lines else []

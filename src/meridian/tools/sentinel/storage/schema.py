@@ -1,4 +1,4 @@
-"""The four tables, read from schema.sql (the one definition both stores apply), split
+"""The tables, read from schema.sql (the one definition both stores apply), split
 into statements a store runs one at a time."""
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from importlib import resources
 
 __all__ = [
     "DATA_OBJECTS",
+    "FLOWS",
+    "FUNCTIONS",
     "RAW",
     "ROLLUP",
     "STACKS",
@@ -24,7 +26,9 @@ ROLLUP = "ms_flow_rollup"
 RAW = "ms_raw_samples"
 STACKS = "ms_callstacks"
 DATA_OBJECTS = "ms_data_objects"
-TABLES = (ROLLUP, RAW, STACKS, DATA_OBJECTS)
+FLOWS = "ms_flows"
+FUNCTIONS = "ms_functions"
+TABLES = (ROLLUP, RAW, STACKS, DATA_OBJECTS, FLOWS, FUNCTIONS)
 # Tables partitioned by day of `ts`: a batch never spans two days, so it is one part,
 # stored whole or not at all.
 TIMED = frozenset((ROLLUP, RAW))

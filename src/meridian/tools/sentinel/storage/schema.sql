@@ -1,4 +1,5 @@
--- meridian sentinel: the four tables of the seed (section 4.1), applied at every start
+-- meridian sentinel: the four tables of the seed (section 4.1) and the names of flows
+-- and functions they refer to, applied at every start
 -- (CREATE ... IF NOT EXISTS, so applying it again changes nothing).
 --
 -- One schema for both stores: it is accepted by ClickHouse 18.16 (Debian's
@@ -118,3 +119,36 @@ CREATE TABLE IF NOT EXISTS ms_data_objects
 )
 ENGINE = MergeTree()
 ORDER BY (run_id, object_id);
+
+-- Flow names: flow_id -> the 5-tuple the kernel keyed it by, written once per run the
+-- first time a stored rollup names the flow (queries show flows as addresses).
+CREATE TABLE IF NOT EXISTS ms_flows
+(
+    run_id UInt64,
+    flow_id UInt64,
+    src String,
+    dst String,
+    sport UInt16,
+    dport UInt16,
+    proto String,
+    seen_ns UInt64,
+    host String,
+    batch_id UInt64
+)
+ENGINE = MergeTree()
+ORDER BY (flow_id, run_id);
+
+-- Function names: function_id (interned per run) -> binary and symbol, written once
+-- per run the first time a stored rollup names the function.
+CREATE TABLE IF NOT EXISTS ms_functions
+(
+    run_id UInt64,
+    function_id UInt64,
+    binary String,
+    function String,
+    seen_ns UInt64,
+    host String,
+    batch_id UInt64
+)
+ENGINE = MergeTree()
+ORDER BY (run_id, function_id);

@@ -22,8 +22,16 @@ import numpy as np
 
 from .backend import Backend, BatchInfo
 from .report import Reporter
-from .rows import Chunk, data_object_lines, raw_lines, rollup_lines, stack_lines
-from .schema import DATA_OBJECTS, RAW, ROLLUP, STACKS, TABLES
+from .rows import (
+    Chunk,
+    data_object_lines,
+    flow_lines,
+    function_lines,
+    raw_lines,
+    rollup_lines,
+    stack_lines,
+)
+from .schema import DATA_OBJECTS, FLOWS, FUNCTIONS, RAW, ROLLUP, STACKS, TABLES
 from .sender import Batch, Sender, SinkStats
 from .spool import Spool
 
@@ -87,6 +95,20 @@ class Sink(ABC):
             DATA_OBJECTS,
             len(objects),
             lambda: data_object_lines(objects, self.run_id, self.host, time.time_ns()),
+        )
+
+    def write_flows(self, flows: Sequence[tuple[int, str, str, int, int, str]]) -> None:
+        """Flows named for the first time: (flow_id, src, dst, sport, dport, proto)."""
+        self._guard(
+            FLOWS, len(flows), lambda: flow_lines(flows, self.run_id, self.host, time.time_ns())
+        )
+
+    def write_functions(self, functions: Sequence[tuple[int, str, str]]) -> None:
+        """Functions named for the first time: (function_id, binary, function)."""
+        self._guard(
+            FUNCTIONS,
+            len(functions),
+            lambda: function_lines(functions, self.run_id, self.host, time.time_ns()),
         )
 
     def _guard(self, table: str, rows: int, make: Callable[[], list[Chunk]]) -> None:
