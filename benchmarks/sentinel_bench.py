@@ -6,7 +6,9 @@ CPU is the agent process's utime + stime between two reads of /proc/PID/stat onc
 runs (start-up excluded), as a share of one core; RSS is VmRSS at the end and VmHWM.
 
 Run as root from the repository (a quiet machine):
-    .venv/bin/python benchmarks/sentinel_bench.py [seconds] [rounds]
+    .venv/bin/python benchmarks/sentinel_bench.py [seconds] [rounds] [PART]
+
+PART: mock, cpu-clock, store (the mock writing to embedded chDB) or throughput.
 """
 
 from __future__ import annotations
@@ -99,13 +101,30 @@ def kernel_config(rate: int) -> str:
     )
 
 
-def cost_table(seconds: float) -> None:
+def store_config(rate: int, data_dir: str) -> str:
+    """The mock at `rate` writing every window to an embedded store in `data_dir`."""
+    return mock_config(rate) + f"clickhouse: {{enabled: true, data_dir: {json.dumps(data_dir)}}}\n"
+
+
+def cost_table(seconds: float, only: str = "") -> None:
+    """Agent cost per source and rate; `only` picks one source (mock, cpu-clock, store)."""
     print("\n| source | offered samples/s | delivered samples/s | agent CPU (one core) "
           "| RSS MB (peak) | dropped |")  # fmt: skip
     print("| --- | ---: | ---: | ---: | ---: | --- |")
-    for source, config in (("mock", mock_config), ("cpu-clock", kernel_config)):
-        for rate in RATES:
-            r = agent_cost(config(rate), seconds)
+    sources: list[tuple[str, str, Any, tuple[int, ...]]] = [
+        ("mock", "mock", mock_config, RATES),
+        ("cpu-clock", "cpu-clock", kernel_config, RATES),
+        ("store", "mock + chDB store", None, (1_000, 100_000)),
+    ]
+    for part, source, config, rates in sources:
+        if only and only != part:
+            continue
+        for rate in rates:
+            if config is None:
+                with tempfile.TemporaryDirectory() as store:
+                    r = agent_cost(store_config(rate, store), seconds)
+            else:
+                r = agent_cost(config(rate), seconds)
             drops = ", ".join(f"{k} {v}" for k, v in r["dropped"].items() if v) or "0"
             print(
                 f"| {source} | {rate:,} | {r['rate']:,.0f} | {100 * r['cpu']:.2f} % "
@@ -137,9 +156,12 @@ def throughput(seconds: float, rounds: int) -> None:
 def main() -> int:
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 10.0
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    only = sys.argv[3] if len(sys.argv) > 3 else ""
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    cost_table(seconds)
-    throughput(seconds, rounds)
+    if only != "throughput":
+        cost_table(seconds, only)
+    if only in ("", "throughput"):
+        throughput(seconds, rounds)
     return 0
 
 
