@@ -14,7 +14,7 @@ ARCH      := $(shell uname -m | sed -e 's/x86_64/x86/' -e 's/aarch64/arm64/')
 CLANG     ?= clang
 BPFTOOL   ?= bpftool
 DEB_PKGS  := clang llvm libbpf-dev bpftool bpftrace fio e2fsprogs util-linux zstd gcc libc6-dev \
-             prometheus iperf3 iproute2 clickhouse-server
+             prometheus iperf3 iproute2 clickhouse-server chromium
 PYTEST_ARGS ?=
 
 .PHONY: help deps venv bpf run test lint bench clean

@@ -7,7 +7,8 @@ targets, interference, aggregator (the pipeline); symbolizer, with frames, symca
 modes, rotator, anomaly, metrics (control and export); agent (the threads' start and
 stop), state (what they share), consumer, flush, control (part 2's API) and resolver
 (ids and names at a bounded cost); runtime (the command's run and summary), view
-(what people see) and cli (the command line).
+(what people see) and cli (the command line); storage (ClickHouse), query, query_cli
+and flamegraph (`meridian sentinel query`).
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ EXAMPLES = """examples:
   meridian sentinel --metrics-port 9102 --metrics-address 0.0.0.0   # /metrics for all
   meridian sentinel --data-dir /var/lib/ms      # rollups, stacks, names in embedded ClickHouse
   meridian sentinel --clickhouse-url http://ch:8123 --clickhouse-password-file pw   # a server
+  meridian sentinel query top-flows --since 10m --data-dir /var/lib/ms   # the store's top
+  meridian sentinel query flow 245eaf80ddcc96c7 --flamegraph flow.svg --data-dir /var/lib/ms
   meridian sentinel --print-config > sentinel.yaml   # every key with its default
   meridian sentinel --config sentinel.yaml -v  # from a file; -v names strategy and events
   meridian sentinel --perf-mock --mock-period-ms=25 --metrics-port=9102   # no kernel: demo
@@ -78,12 +80,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     _repeated(p, "-p", "PID", "only this process", "--pid")
     p.add_argument("--metrics-port", metavar="PORT", help="serve /metrics here (0: any port)")
     p.add_argument("--metrics-address", metavar="HOST", help="address of /metrics")
-    p.add_argument("--data-dir", metavar="DIR", help="store in embedded ClickHouse (chDB) here")
-    p.add_argument("--clickhouse-url", metavar="URL", help="store on this ClickHouse server (HTTP)")
-    p.add_argument("--clickhouse-user", metavar="USER", help="ClickHouse user (default: default)")
-    p.add_argument(
-        "--clickhouse-password-file", metavar="FILE", help="file holding the ClickHouse password"
-    )
+    for flag, metavar, text in (
+        ("--data-dir", "DIR", "store in embedded ClickHouse (chDB) here"),
+        ("--clickhouse-url", "URL", "store on this ClickHouse server (HTTP)"),
+        ("--clickhouse-user", "USER", "ClickHouse user (default: default)"),
+        ("--clickhouse-password-file", "FILE", "file holding the ClickHouse password"),
+    ):
+        p.add_argument(flag, metavar=metavar, help=text)
     _switch(p, "--raw-samples", "store every sample too (ms_raw_samples), not only rollups")
     _switch(p, "--perf-mock", "synthetic samples, no kernel (demos and tests)")
     p.add_argument("--mock-period-ms", metavar="MS", help="ms between two mock batches")
@@ -96,6 +99,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default=None,
         help="name the strategy, the event source, mode changes (libbpf detail too)",
     )
+    from .query_cli import add_query_parser
+
+    add_query_parser(p.add_subparsers(dest="command", metavar="COMMAND"))
     return p
 
 

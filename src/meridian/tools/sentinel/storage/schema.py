@@ -35,7 +35,7 @@ TIMED = frozenset((ROLLUP, RAW))
 
 _COMMENT = re.compile(r"--[^\n]*")
 _TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)")
-_COLUMN = re.compile(r"^\s+(\w+) [A-Z]", re.MULTILINE)
+_COLUMN = re.compile(r"(?:^|,)\s+(\w+) [A-Z]", re.MULTILINE)  # a line may hold several
 
 
 @cache

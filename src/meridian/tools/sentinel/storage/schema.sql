@@ -106,16 +106,8 @@ ORDER BY (run_id, stack_id);
 -- Data objects registered through /api/v1/symbols/data: [address, address + size).
 CREATE TABLE IF NOT EXISTS ms_data_objects
 (
-    run_id UInt64,
-    object_id UInt64,
-    pid UInt32,
-    address UInt64,
-    size UInt64,
-    name String,
-    type String,
-    seen_ns UInt64,
-    host String,
-    batch_id UInt64
+    run_id UInt64, object_id UInt64, pid UInt32, address UInt64, size UInt64,
+    name String, type String, seen_ns UInt64, host String, batch_id UInt64
 )
 ENGINE = MergeTree()
 ORDER BY (run_id, object_id);
@@ -124,16 +116,9 @@ ORDER BY (run_id, object_id);
 -- first time a stored rollup names the flow (queries show flows as addresses).
 CREATE TABLE IF NOT EXISTS ms_flows
 (
-    run_id UInt64,
-    flow_id UInt64,
-    src String,
-    dst String,
-    sport UInt16,
-    dport UInt16,
-    proto String,
-    seen_ns UInt64,
-    host String,
-    batch_id UInt64
+    run_id UInt64, flow_id UInt64,
+    src String, dst String, sport UInt16, dport UInt16, proto String,
+    seen_ns UInt64, host String, batch_id UInt64
 )
 ENGINE = MergeTree()
 ORDER BY (flow_id, run_id);
@@ -142,13 +127,8 @@ ORDER BY (flow_id, run_id);
 -- per run the first time a stored rollup names the function.
 CREATE TABLE IF NOT EXISTS ms_functions
 (
-    run_id UInt64,
-    function_id UInt64,
-    binary String,
-    function String,
-    seen_ns UInt64,
-    host String,
-    batch_id UInt64
+    run_id UInt64, function_id UInt64, binary String, function String,
+    seen_ns UInt64, host String, batch_id UInt64
 )
 ENGINE = MergeTree()
 ORDER BY (run_id, function_id);
