@@ -17,6 +17,8 @@ from ...errors import MeridianError
 from .agent import Runtime
 from .aggregator import UNRESOLVED
 from .config import SentinelConfig, parse_groups
+from .detectors import DetectorContext
+from .findings import Findings
 from .records import SampleSource
 from .resolver import GONE_STACK, RuntimeNames, SymbolResolver
 from .state import Observer, SampleBatch
@@ -133,6 +135,9 @@ def run_cli(cfg: SentinelConfig, out: TextIO, err: TextIO) -> int:
         err.flush()
 
     rt = Runtime(cfg, lambda: make_source(cfg, log), log=log)
+    findings = Findings(DetectorContext(objects=rt.symbolizer), rt.names.flow)
+    rt.add_observer(findings)
+    rt.metrics.add_source(findings.families)
     if cfg.clickhouse.enabled:
         _add_store(rt, cfg, err)
     live: LiveView | None = None

@@ -1,0 +1,80 @@
+"""The detectors inside the running agent (mock source): their findings are the gauges
+of /metrics, every point of a family with the same labels, flows with their 5-tuple."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import numpy as np
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from meridian.tools.sentinel.config import SentinelConfig
+from meridian.tools.sentinel.detectors import DetectorContext
+from meridian.tools.sentinel.findings import Findings
+from meridian.tools.sentinel.mock import MockSource
+from meridian.tools.sentinel.records import Event
+from meridian.tools.sentinel.runtime import Runtime
+
+
+class Seen:
+    """Every batch the runtime kept, and the number of windows flushed."""
+
+    def __init__(self) -> None:
+        self.batches: list[np.ndarray] = []
+        self.windows = 0
+
+    def on_samples(self, batch: object) -> None:
+        self.batches.append(batch.samples.copy())  # type: ignore[attr-defined]
+
+    def on_window(self, window: object) -> None:
+        self.windows += 1
+
+    def close(self) -> None:
+        pass
+
+
+def test_findings_are_the_detector_gauges() -> None:
+    cfg = SentinelConfig()
+    cfg.mock.enabled, cfg.metrics.enabled, cfg.anomaly.enabled = True, False, False
+    cfg.mode.auto = False
+    cfg.perf.sentinel_groups = cfg.perf.diagnostic_groups = [["hitm", "remote-dram"]]
+    cfg.aggregator.flush_interval = 10.0  # no flush of its own: the test stops it
+    rt = Runtime(cfg, MockSource(period_ms=10, rng_seed=7))
+    findings = Findings(DetectorContext(objects=rt.symbolizer), rt.names.flow)
+    seen = Seen()
+    for obs in (seen, findings):
+        rt.add_observer(obs)
+    rt.metrics.add_source(findings.families)
+    rt.start()
+    try:
+        time.sleep(1.5)
+    finally:
+        rt.stop()  # the last window closes the detectors' windows
+    samples = np.concatenate(seen.batches)
+    remote = samples[samples["event"] == Event.REMOTE_DRAM]
+    cols = (remote[c].tolist() for c in ("flow_id", "numa_node", "ifindex"))
+    want = Counter(zip(*cols, strict=True))
+    assert len(remote) > 0 and seen.windows == 1
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(rt.metrics)
+    text = generate_latest(registry).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    points = fams["ms_remote_dram_hotspot"].samples
+    got = {
+        (int(p.labels["flow"], 16), int(p.labels["numa"]), int(p.labels["ifindex"])): p.value
+        for p in points
+    }
+    assert got == want  # one window: every remote-DRAM sample counted once
+    named = [p for p in points if p.labels["src"]]
+    assert named and all(p.labels["proto"] in ("tcp", "udp") for p in named)
+    assert {frozenset(p.labels) for p in points} == {
+        frozenset({"flow", "numa", "ifindex", "src", "dst", "sport", "dport", "proto"})
+    }
+    hitm = samples[(samples["event"] == Event.XSNP_HITM) & (samples["data_addr"] != 0)]
+    lines = Counter((hitm["data_addr"] >> 6).tolist())
+    fs = fams["ms_false_sharing_score"].samples
+    scores = {int(p.labels["line"], 16) >> 6: p.value for p in fs}
+    assert scores and all(scores[line] == lines[line] for line in scores)
