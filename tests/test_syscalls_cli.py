@@ -43,12 +43,7 @@ def _rec(path: Path) -> Path:
     return path
 
 
-@pytest.fixture(autouse=True)
-def utc(monkeypatch: pytest.MonkeyPatch) -> None:
-    import time
-
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
+pytestmark = pytest.mark.usefixtures("utc")  # conftest's: restored after each test
 
 
 def test_unknown_syscall_is_one_line_with_close_matches(

@@ -4,7 +4,6 @@ compact/full toggle, filter with highlighting, start/end jumps, next error, paus
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -70,10 +69,7 @@ def column(app: SyscallsApp, col: str) -> list[str]:
     return [str(cell(app, r, col)) for r in range(table(app).row_count)]
 
 
-@pytest.fixture(autouse=True)
-def utc(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
+pytestmark = pytest.mark.usefixtures("utc")  # conftest's: restored after each test
 
 
 def test_compact_and_full(tmp_path: Path) -> None:
