@@ -20,6 +20,8 @@ Threads, each with one job:
 - `sentinel-anomaly` every `anomaly.poll_interval`: reads the anomaly monitor, whose
   triggers force diagnostic mode for the refractory period.
 - the metrics server's own thread (prometheus_client), serving the latest snapshot.
+- `sentinel-api` (api_server, with --api-port): the control plane's HTTP server,
+  calling the control methods below; bound and started before the source opens.
 
 `stop()` (Ctrl-C, SIGTERM, --duration) stops and joins them in that order: the
 consumer drains the source and the skew queue, the source is closed (everything
@@ -127,6 +129,7 @@ class Runtime(Consumer, Flusher, RuntimeControl):
         self.calibrator = ClockCalibrator()
         self.aggregator: Aggregator | None = None
         self.server: Any = None
+        self.api: Any = None  # api_server.ApiServer
         self.anomaly: Any = None
         self._anomaly_gauges: Any = None
         # state shared by the threads, under _ctl
@@ -174,6 +177,14 @@ class Runtime(Consumer, Flusher, RuntimeControl):
                 from .metrics import serve
 
                 self.server = serve(cfg, self.metrics)
+            if cfg.control_plane.enabled:
+                from .api_server import serve_api
+
+                self.api = serve_api(cfg.control_plane, self, self.log)
+                if cfg.run.verbose:
+                    host = cfg.control_plane.listen_address
+                    host = f"[{host}]" if ":" in host else host
+                    self.log(f"control plane: http://{host}:{self.api.port}/api/v1")
             if cfg.anomaly.enabled:
                 from .anomaly import AnomalyMonitor
 
@@ -277,13 +288,16 @@ class Runtime(Consumer, Flusher, RuntimeControl):
             src.close()
 
     def _close_resources(self) -> None:
-        """The source (if still open), the metrics server, the observers."""
+        """The source (if still open), the metrics and API servers, the observers."""
         try:
             self._close_source()
         finally:
             server, self.server = self.server, None
             if server is not None:
                 server.close()
+            api, self.api = self.api, None
+            if api is not None:
+                api.close()
             for obs in self.observers:
                 close = getattr(obs, "close", None)
                 if close is not None:

@@ -26,6 +26,7 @@ EXAMPLES = """examples:
   meridian sentinel --xdp eth0 -p 1234         # XDP flow hook on eth0; only PID 1234
   meridian sentinel --json --duration 10       # one JSON object per flush window
   meridian sentinel --metrics-port 9102 --metrics-address 0.0.0.0   # /metrics for all
+  meridian sentinel --api-port 9103 --api-token-file tok   # HTTP control plane on /api/v1
   meridian sentinel --data-dir /var/lib/ms      # rollups, stacks, names in embedded ClickHouse
   meridian sentinel --clickhouse-url http://ch:8123 --clickhouse-password-file pw   # a server
   meridian sentinel query top-flows --since 10m --data-dir /var/lib/ms   # the store's top
@@ -80,6 +81,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     _repeated(p, "-p", "PID", "only this process", "--pid")
     p.add_argument("--metrics-port", metavar="PORT", help="serve /metrics here (0: any port)")
     p.add_argument("--metrics-address", metavar="HOST", help="address of /metrics")
+    p.add_argument("--api-port", metavar="PORT", help="serve the control plane /api/v1 (0: any)")
+    p.add_argument("--api-address", metavar="HOST", help="its address (default 127.0.0.1)")
+    p.add_argument("--api-token-file", metavar="FILE", help="the API requires this bearer token")
     for flag, metavar, text in (
         ("--data-dir", "DIR", "store in embedded ClickHouse (chDB) here"),
         ("--clickhouse-url", "URL", "store on this ClickHouse server (HTTP)"),

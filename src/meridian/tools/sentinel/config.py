@@ -123,6 +123,9 @@ FLAGS: dict[str, tuple[str, str]] = {
     "pid": ("targets.pids", "-p/--pid"),
     "metrics_port": ("metrics.listen_port", "--metrics-port"),
     "metrics_address": ("metrics.listen_address", "--metrics-address"),
+    "api_port": ("control_plane.listen_port", "--api-port"),
+    "api_address": ("control_plane.listen_address", "--api-address"),
+    "api_token_file": ("control_plane.token_file", "--api-token-file"),
     "data_dir": ("clickhouse.data_dir", "--data-dir"),
     "clickhouse_url": ("clickhouse.url", "--clickhouse-url"),
     "clickhouse_user": ("clickhouse.user", "--clickhouse-user"),
@@ -173,6 +176,11 @@ def merge_args(cfg: SentinelConfig, args: argparse.Namespace) -> SentinelConfig:
         given["perf.sentinel_groups"] = given["perf.diagnostic_groups"] = "--events"
     if given.get("metrics.listen_port"):
         out.metrics.enabled = True
+    if given.get("control_plane.listen_port"):
+        out.control_plane.enabled = True
+    for key in ("control_plane.listen_address", "control_plane.token_file"):
+        if key in given and not out.control_plane.enabled:
+            raise UsageError(f"{given[key]} needs --api-port (or control_plane.enabled: true)")
     if given.get("clickhouse.data_dir") or given.get("clickhouse.url"):
         out.clickhouse.enabled = True
 

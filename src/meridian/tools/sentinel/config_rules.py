@@ -127,6 +127,8 @@ def validate(cfg: SentinelConfig, label: Callable[[str], str] = _no_label) -> No
         if not sec.listen_address.strip():
             raise bad(f"{s}.listen_address", sec.listen_address, "must be a host address")
     at_least("metrics.top_flows", cfg.metrics.top_flows, 1, "must be 1 or more")
+    if cfg.control_plane.token_file == "":
+        raise bad("control_plane.token_file", "", "must be a path or null")
 
     c = cfg.clickhouse
     at_least("clickhouse.batch_rows", c.batch_rows, 1, "must be 1 or more")

@@ -89,10 +89,12 @@ class RuntimeControl(RuntimeState):
         """What `GET /api/v1/status` shows."""
         with self._ctl:
             mode, budget = self._mode, self._budget
+            pinned = self.mode_controller.pinned is not None
             groups = {m: [[str(e.name) for e in g] for g in gs] for m, gs in self._groups.items()}
         info = self._last_info
         return {
             "mode": mode.label,
+            "pinned": pinned,
             "source": self._source_name,
             "events": list(self._event_names),
             "groups": groups,
@@ -108,7 +110,25 @@ class RuntimeControl(RuntimeState):
             "labelled": dict(self.labelled),
             "targets": self.targets.targets,
             "running": self.running,
+            "storage": self._storage_status(),
         }
+
+    def _storage_status(self) -> dict[str, Any] | None:
+        """The store's backlog, from the first observer with a sink (storage's
+        StoreWriter); None when nothing is stored."""
+        for obs in list(self.observers):
+            stats = getattr(getattr(obs, "sink", None), "stats", None)
+            if callable(stats):
+                s = stats()
+                return {
+                    "backend": str(s.backend),
+                    "connected": bool(s.connected),
+                    "backlog_rows": int(s.backlog_rows),
+                    "spool_bytes": int(s.spool_bytes),
+                    "dropped_rows": int(s.dropped_rows),
+                    "flush_errors": int(s.flush_errors),
+                }
+        return None
 
     # ---- for the command line ----------------------------------------------------------
 

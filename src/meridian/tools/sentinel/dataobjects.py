@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict, deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 __all__ = ["DataObject", "DataObjects"]
@@ -101,6 +102,10 @@ class DataObjects:
 
     def get(self, object_id: int) -> DataObject | None:
         return self._objects.get(object_id)
+
+    def objects(self, pid: int | None = None) -> Iterator[DataObject]:
+        """The registrations (one process's, or all), oldest first."""
+        return (o for o in self._objects.values() if pid is None or o.pid == pid)
 
     def consume(self) -> list[DataObject]:
         out = list(self._new_objects)

@@ -57,6 +57,10 @@ class JitRegions:
     def __len__(self) -> int:
         return len(self._regions)
 
+    def regions(self) -> list[JitRegion]:
+        """Every region, by start address (the control plane lists them)."""
+        return list(self._regions)
+
     def add(self, start: int, end: int, name: str, build_id: str | None = None) -> None:
         if end <= start:
             return

@@ -8,16 +8,13 @@ Where an address comes from, in the order tried:
   (elf.py): `ip - start + pgoff` is a file offset, its PT_LOAD gives the address;
 - for anonymous memory, the JIT's perf map `PERF_MAP_DIR/perf-PID.map` (perfmap.py).
 
-Nothing here raises for an address it cannot name: the frame says "[unknown]", with
-the binary and the offset in it when the mapping is known.
-
-Caches are bounded LRUs: a view per process (its mappings; procview.py), a symbol
-table per binary, recent frames keyed by (pid, view, ip), so that a replaced view's
-frames age out (LRU, interner: symcache.py). `forget(pid)` drops a process at once.
-
+Nothing raises for an address it cannot name: the frame says "[unknown]" (with the
+binary and offset when the mapping is known). Caches are bounded LRUs: a view per
+process (procview.py), a symbol table per binary, frames keyed by (pid, view, ip) so
+that a replaced view's frames age out (symcache.py). `forget(pid)` drops a process.
 Cheap mode (`function_ids`/`stack_id` with cheap=True) answers only from what is
-loaded: an address that needs a slow read is answered "unresolved" and left for
-`warm()`, which a background thread calls (the agent's consumer must keep up).
+loaded; what needs a slow read is "unresolved" until `warm()` (a background thread)
+has read it: the agent's consumer must keep up.
 """
 
 from __future__ import annotations
@@ -27,6 +24,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from itertools import islice
 from pathlib import Path
 
 from . import elf
@@ -186,11 +184,7 @@ class Symbolizer:
         return table
 
     def function_ids(
-        self,
-        pids: Sequence[int],
-        ips: Sequence[int],
-        cheap: bool = False,
-        unresolved: int = 0,
+        self, pids: Sequence[int], ips: Sequence[int], cheap: bool = False, unresolved: int = 0
     ) -> list[int]:
         """function_id of each (pid, ip), under one lock and one check of each process.
         `cheap`: an address whose answer needs a slow read (a binary's symbols, say)
@@ -314,8 +308,6 @@ class Symbolizer:
             self._new_stacks.clear()
             return out
 
-    # -- registrations ------------------------------------------------------------
-
     def register_jit(
         self, pid: int, start: int, end: int, path: str, build_id: str | None = None
     ) -> None:
@@ -332,12 +324,7 @@ class Symbolizer:
             regions.add(start, end, path, build_id)
 
     def register_data_object(
-        self,
-        pid: int,
-        address: int,
-        name: str,
-        type: str | None = None,
-        size: int | None = None,
+        self, pid: int, address: int, name: str, type: str | None = None, size: int | None = None
     ) -> int:
         """Register [address, address+size) (just `address` without a size) as `name`;
         returns its id, the same id for the same registration."""
@@ -354,12 +341,23 @@ class Symbolizer:
         with self._lock:
             return self._data.get(object_id)
 
+    def jit_regions(self, pid: int | None, limit: int) -> list[tuple[int, JitRegion]]:
+        """(pid, region) of the first `limit` JIT regions (of one process, or all)."""
+        with self._lock:
+            pids = sorted(self._jit.snapshot()) if pid is None else [pid]
+            held = [(p, self._jit.peek(p)) for p in pids]
+            found = ((p, r) for p, rs in held if rs is not None for r in rs.regions())
+            return list(islice(found, limit))
+
+    def data_objects(self, pid: int | None, limit: int) -> list[DataObject]:
+        """The first `limit` data objects registered (one process's, or all)."""
+        with self._lock:
+            return list(islice(self._data.objects(pid), limit))
+
     def consume_data_objects(self) -> list[DataObject]:
         """Data objects registered since the last call, for storage."""
         with self._lock:
             return self._data.consume()
-
-    # -- lifecycle ----------------------------------------------------------------
 
     def forget(self, pid: int) -> None:
         """Drop everything known about pid (it exited or exec'd): its cached mappings

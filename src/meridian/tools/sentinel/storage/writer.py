@@ -11,6 +11,7 @@ written by a later window.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
@@ -32,22 +33,16 @@ class _Symbols(Protocol):
     def function_key(self, function_id: int) -> tuple[str, str] | None: ...
 
 
+@dataclass
 class StoreWriter:
     """An agent observer over a Sink (see agent.py's Observer)."""
 
-    def __init__(
-        self,
-        sink: Sink,
-        symbols: _Symbols,
-        flow_name: Callable[[int], FlowKey | None],
-        raw_samples: bool = False,
-    ) -> None:
-        self.sink = sink
-        self.symbols = symbols
-        self.flow_name = flow_name
-        self.raw_samples = raw_samples
-        self._flows: set[int] = set()
-        self._functions: set[int] = set()
+    sink: Sink
+    symbols: _Symbols
+    flow_name: Callable[[int], FlowKey | None]
+    raw_samples: bool = False
+    _flows: set[int] = field(default_factory=set, init=False)  # ids named in the store
+    _functions: set[int] = field(default_factory=set, init=False)
 
     def on_samples(self, batch: Any) -> None:
         """Raw samples (the consumer thread): only turned into lines and queued here."""
