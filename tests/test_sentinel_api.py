@@ -355,8 +355,9 @@ SAFE_INT = 1 << 53  # beyond it schemathesis compares bounds as floats (its limi
 
 def _exempt(case: schemathesis.Case[Any]) -> bool:
     """A schema-valid request the API may still refuse: a bound the document cannot
-    state (a JIT region's end above its start), or a number near 2^64 that
-    schemathesis takes for one inside the bound."""
+    state (a JIT region's end above its start), a number near 2^64 that
+    schemathesis takes for one inside the bound, or a query of the store, which this
+    agent does not have (409; the query tests ask one that has)."""
 
     def big(v: Any) -> bool:
         if isinstance(v, dict):
@@ -366,7 +367,7 @@ def _exempt(case: schemathesis.Case[Any]) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and v > SAFE_INT
 
     body: Any = case.body
-    if big(body):
+    if big(body) or "/query/" in case.path:
         return True
     if not (case.path.endswith("/symbols/jit") and isinstance(body, dict)):
         return False

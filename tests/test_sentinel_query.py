@@ -274,7 +274,7 @@ def test_cli_bad_input_is_one_line(
     finally:
         os.close(fd)
     assert f"held by a running agent (pid {os.getpid()})" in err
-    assert "agent's API" in err and "--clickhouse-url" in err
+    assert "--api-port" in err and "--clickhouse-url" in err
 
 
 @pytest.fixture

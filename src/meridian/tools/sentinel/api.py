@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -37,6 +38,7 @@ from .api_models import (
     PmuConfigBody,
     PmuConfigOut,
     StatusOut,
+    StoreQuery,
     TargetOut,
     TargetsBody,
     TargetsOut,
@@ -46,6 +48,8 @@ from .api_models import (
 from .control import RuntimeControl
 from .dataobjects import DataObject
 from .events import LOGICAL
+from .query import flow_detail, parse_flow, parse_since, top_flows
+from .storage.backend import Backend
 
 __all__ = ["PREFIX", "build_app"]
 
@@ -101,7 +105,8 @@ def build_app(
 
     def get(path: str, query: bool = False, **kw: Any) -> Callable[[Endpoint], Endpoint]:
         deps = [] if query else [Depends(_no_query)]
-        return app.get(PREFIX + path, responses=errors, dependencies=deps, **kw)
+        responses = errors | kw.pop("responses", {})
+        return app.get(PREFIX + path, responses=responses, dependencies=deps, **kw)
 
     def post(path: str, **kw: Any) -> Callable[[Endpoint], Endpoint]:
         deps = [Depends(_no_query)]
@@ -190,6 +195,26 @@ def build_app(
     def post_targets(body: TargetsBody) -> TargetsOut:
         rt.set_targets([t.given() for t in body.targets])
         return targets()
+
+    def store() -> Backend:
+        backend: Backend | None = rt.store_backend()
+        if backend is None:
+            raise StarletteHTTPException(409, "this agent stores nothing (see --data-dir)")
+        return backend
+
+    stored = {409: {"model": ErrorOut, "description": "this agent stores nothing"}}
+
+    @get("/query/top-flows", query=True, responses=stored)
+    def query_top_flows(q: Annotated[StoreQuery, Query()]) -> dict[str, Any]:
+        """`meridian sentinel query top-flows` on this agent's store (an embedded store
+        opens in one process only: this is how it is queried while the agent runs)."""
+        rows = top_flows(store(), parse_since(q.since), q.event, q.limit)
+        return {"flows": [r.as_json() for r in rows]}
+
+    @get("/query/flow/{flow}", query=True, responses=stored)
+    def query_flow(flow: str, q: Annotated[StoreQuery, Query()]) -> dict[str, Any]:
+        """`meridian sentinel query flow FLOW` on this agent's store."""
+        return asdict(flow_detail(store(), parse_flow(flow), parse_since(q.since)))
 
     @get("/status")
     def get_status() -> StatusOut:

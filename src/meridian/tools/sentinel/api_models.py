@@ -43,6 +43,7 @@ __all__ = [
     "PmuConfigBody",
     "PmuConfigOut",
     "StatusOut",
+    "StoreQuery",
     "Target",
     "TargetsBody",
     "TargetsOut",
@@ -129,6 +130,16 @@ class Out(BaseModel):
     """A response body."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class StoreQuery(BaseModel):
+    """The query of a GET of the agent's store (as `meridian sentinel query` takes it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    since: str = Field("10m", min_length=1, max_length=32, description="such as 30s, 10m, 1h")
+    event: str | NoNull = Field(default=None, min_length=1, max_length=64, description="one event")
+    limit: int = Field(20, ge=1, le=MAX_LIST, description="flows (top-flows) at most")
 
 
 class ListQuery(BaseModel):

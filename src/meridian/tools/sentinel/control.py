@@ -113,22 +113,33 @@ class RuntimeControl(RuntimeState):
             "storage": self._storage_status(),
         }
 
-    def _storage_status(self) -> dict[str, Any] | None:
-        """The store's backlog, from the first observer with a sink (storage's
-        StoreWriter); None when nothing is stored."""
+    def _sink(self) -> Any:
+        """The first observer's sink (storage's StoreWriter), None when nothing is stored."""
         for obs in list(self.observers):
-            stats = getattr(getattr(obs, "sink", None), "stats", None)
-            if callable(stats):
-                s = stats()
-                return {
-                    "backend": str(s.backend),
-                    "connected": bool(s.connected),
-                    "backlog_rows": int(s.backlog_rows),
-                    "spool_bytes": int(s.spool_bytes),
-                    "dropped_rows": int(s.dropped_rows),
-                    "flush_errors": int(s.flush_errors),
-                }
+            sink = getattr(obs, "sink", None)
+            if callable(getattr(sink, "stats", None)):
+                return sink
         return None
+
+    def store_backend(self) -> Any:
+        """The store this agent writes to, for queries (thread-safe backends), or None."""
+        sink = self._sink()
+        return None if sink is None else sink.backend
+
+    def _storage_status(self) -> dict[str, Any] | None:
+        """The store's backlog; None when nothing is stored."""
+        sink = self._sink()
+        if sink is None:
+            return None
+        s = sink.stats()
+        return {
+            "backend": str(s.backend),
+            "connected": bool(s.connected),
+            "backlog_rows": int(s.backlog_rows),
+            "spool_bytes": int(s.spool_bytes),
+            "dropped_rows": int(s.dropped_rows),
+            "flush_errors": int(s.flush_errors),
+        }
 
     # ---- for the command line ----------------------------------------------------------
 

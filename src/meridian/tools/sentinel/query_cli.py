@@ -1,9 +1,9 @@
 """`meridian sentinel query`: the stored rollups read back, from the embedded store or a
 ClickHouse server: `top-flows` and `flow FLOW` (with `--flamegraph`).
 
-An embedded store is one process's at a time (chDB), so while an agent writes it a
-query cannot open it: that is said in one line with the agent's pid and the ways that
-work (the agent's API, or storing on a server). Every mistake is one line on stderr
+An embedded store is one process's at a time (chDB), so while an agent writes it the
+query goes through that agent's API (query_api.py); an agent without one is said in
+one line with its pid and the ways that work. Every mistake is one line on stderr
 and exit code 2.
 """
 
@@ -29,6 +29,7 @@ from .query import (
     parse_since,
     top_flows,
 )
+from .query_api import agent_url, fetch_flow, fetch_top_flows
 from .storage import Backend, StoreUnavailable, default_state_dir, holder_pid, open_store
 from .storage.chdb_backend import LOCK_NAME
 from .view import _table, fmt_cost
@@ -64,6 +65,9 @@ def _store_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clickhouse-user", metavar="USER", help="ClickHouse user (default: default)")
     p.add_argument(
         "--clickhouse-password-file", metavar="FILE", help="file holding the ClickHouse password"
+    )
+    p.add_argument(
+        "--api-token-file", metavar="FILE", help="the token of the agent whose API is asked"
     )
 
 
@@ -126,18 +130,40 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
     count, flag = (args.top, "--top") if is_flow else (args.limit, "--limit")
     if count < 1:
         raise UsageError(f"{flag}: expected a whole number above zero, got {count}")
-    backend = open_query_store(args)
+    url = _agent_api(args)  # an embedded store an agent holds: ask that agent
+    backend = None if url else open_query_store(args)
+    token = args.api_token_file
     try:
         if is_flow:
-            detail = flow_detail(backend, flow, since)
+            if backend is None:
+                detail = fetch_flow(str(url), token, f"{flow:016x}", args.since)
+            else:
+                detail = flow_detail(backend, flow, since)
             if args.flamegraph:
                 _write_flamegraph(detail, args.flamegraph, err)
             (_flow_json if args.json else _flow_text)(detail, count, out)
         else:
-            rows = top_flows(backend, since, event, count)
+            if backend is None:
+                rows = fetch_top_flows(str(url), token, args.since, args.event, count)
+            else:
+                rows = top_flows(backend, since, event, count)
             (_top_json if args.json else _top_text)(rows, since, args.event, out)
     finally:
-        backend.close()
+        if backend is not None:
+            backend.close()
+
+
+def _store_path(args: argparse.Namespace) -> Path:
+    return Path(args.data_dir).expanduser() if args.data_dir else default_state_dir() / "store"
+
+
+def _agent_api(args: argparse.Namespace) -> str | None:
+    """The API of the agent holding the embedded store, None when it is free (or a
+    server is asked)."""
+    if args.clickhouse_url:
+        return None
+    path = _store_path(args)
+    return agent_url(path) if holder_pid(path) is not None else None
 
 
 def open_query_store(args: argparse.Namespace) -> Backend:
@@ -154,7 +180,7 @@ def open_query_store(args: argparse.Namespace) -> Backend:
         raise UsageError(
             "--clickhouse-user and --clickhouse-password-file go with --clickhouse-url"
         )
-    path = Path(args.data_dir).expanduser() if args.data_dir else default_state_dir() / "store"
+    path = _store_path(args)
     flag = "--data-dir" if args.data_dir else "the default store"
     if not path.is_dir() or not (path / LOCK_NAME).exists():
         raise UsageError(
@@ -175,7 +201,7 @@ def _refuse_held(path: Path) -> None:
     who = f"pid {pid}" if pid > 0 else "a process whose pid it does not say"
     raise EnvironmentProblem(
         f"embedded store {path} is held by a running agent ({who}) and chDB opens it in one "
-        "process only: query it through that agent's API, or run the agent with "
+        "process only: run the agent with --api-port (queries then go through it), or with "
         "--clickhouse-url to query a server while it writes"
     )
 

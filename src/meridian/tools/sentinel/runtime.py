@@ -10,6 +10,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TextIO
 
 from ...bpf.perf import online_cpus
@@ -147,6 +148,7 @@ def run_cli(cfg: SentinelConfig, out: TextIO, err: TextIO) -> int:
         live = LiveView(out, rt.names)
         rt.add_observer(live)
     failed: BaseException | None = None
+    announced: Path | None = None
     try:
         with _signals_held() as held:
             rt.start()
@@ -155,6 +157,7 @@ def run_cli(cfg: SentinelConfig, out: TextIO, err: TextIO) -> int:
         if cfg.run.verbose and rt.source is not None:
             for line in describe(rt.source):
                 log(line)
+        announced = _announce_api(rt, cfg)
         if rt.server is not None and cfg.run.verbose:
             log(f"metrics: http://{cfg.metrics.listen_address}:{rt.server.port}/metrics")
         if live is not None:
@@ -169,6 +172,8 @@ def run_cli(cfg: SentinelConfig, out: TextIO, err: TextIO) -> int:
         failed = exc
     finally:
         with _signals_held(ignore=True):
+            if announced is not None:
+                announced.unlink(missing_ok=True)
             rt.stop()
             if failed is None and rt.started_ns:
                 _summary(rt, cfg, out)
@@ -176,6 +181,17 @@ def run_cli(cfg: SentinelConfig, out: TextIO, err: TextIO) -> int:
         raise failed
     rt.raise_error()
     return 0
+
+
+def _announce_api(rt: Runtime, cfg: SentinelConfig) -> Path | None:
+    """With an API and an embedded store: the API's URL in the store, so that queries
+    (which cannot open the store while this agent holds it) ask this agent."""
+    store = getattr(rt.store_backend(), "path", None)
+    if rt.api is None or store is None:
+        return None
+    from .query_api import announce
+
+    return announce(Path(store), cfg.control_plane.listen_address, rt.api.port)
 
 
 def _add_store(rt: Runtime, cfg: SentinelConfig, err: TextIO) -> None:
