@@ -1,0 +1,195 @@
+/* meridian io, part of io.bpf.c (included there, after the state and the accounting):
+ * the disk signals every strategy shares and the block-layer programs. */
+#ifndef MERIDIAN_IO_BLOCK_BPF_H
+#define MERIDIAN_IO_BLOCK_BPF_H
+
+/* ---- disk signals (every strategy) ------------------------------------------------- */
+
+SEC("tracepoint/filemap/mm_filemap_add_to_page_cache")
+int tp_page_added(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
+{
+	struct fileio_inflight *st = busy_slot((__u32)bpf_get_current_pid_tgid());
+	struct ahead_key k = {};
+	struct ahead_range *r, nr;
+	__u64 n, a, b, s, e, own;
+
+	if (!st)
+		return 0;
+	n = 1ULL << (ctx->order & 31);
+	if (st->pair && ctx->i_ino == st->ino2 && ctx->s_dev == st->dev2)
+		return 0;	/* the copy's target: pages it dirties, no disk I/O */
+	if (st->op != IO_OP_READ || ctx->i_ino != st->ino || ctx->s_dev != st->dev) {
+		st->pages += n;		/* metadata, or another file: this operation's disk I/O */
+		return 0;
+	}
+	/* The part of [a, b) inside the operation's own range is its own; the rest is
+	 * readahead for the reads that follow. */
+	a = ctx->index;
+	b = a + n;
+	s = st->pos / PAGE_SIZE_BYTES;
+	e = (st->pos + st->bytes_requested + PAGE_SIZE_BYTES - 1) / PAGE_SIZE_BYTES;
+	own = 0;
+	if ((a > s ? a : s) < (b < e ? b : e))
+		own = (b < e ? b : e) - (a > s ? a : s);
+	st->pages += own;
+	if (own == n)
+		return 0;
+	if (a < e)
+		a = e;		/* only what lies past the read's range is credited */
+	if (a >= b)
+		return 0;
+	k.ino = st->ino;
+	k.dev = st->dev;
+	r = bpf_map_lookup_elem(&ahead, &k);
+	if (r && a <= r->hi && b >= r->lo) {
+		if (a < r->lo)
+			r->lo = a;
+		if (b > r->hi)
+			r->hi = b;
+		return 0;
+	}
+	nr.lo = a;
+	nr.hi = b;
+	if (!r)
+		__sync_fetch_and_add(&ahead_live, 1);
+	bpf_map_update_elem(&ahead, &k, &nr, BPF_ANY);
+	return 0;
+}
+
+SEC("tracepoint/block/block_bio_queue")
+int tp_bio_queue(struct trace_event_raw_block_bio *ctx)
+{
+	struct fileio_inflight *st = busy_slot((__u32)bpf_get_current_pid_tgid());
+
+	if (st) {
+		__u64 n = (__u64)ctx->nr_sector << 9;
+
+		st->bio_bytes += n;
+		if (ctx->rwbs[0] == 'W' || ctx->rwbs[1] == 'W')	/* "W..", "FW.." */
+			st->wbio_bytes += n;
+	}
+	return 0;
+}
+
+/* ---- block layer: requests by submitting process, device latency ---------------- */
+
+/* In the submitting thread: the request is allocated for its bio. */
+SEC("tp_btf/block_io_start")
+int BPF_PROG(tp_io_start, struct request *rq)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct fileio_inflight *st;
+	struct rq_owner o = {};
+	__u64 key = (__u64)rq;
+
+	if (!traced(task->tgid))
+		return 0;
+	o.pid = task->tgid;
+	o.tid = task->pid;
+	o.start = proc_start(task);
+	st = busy_slot(o.tid);
+	if (st)
+		o.op_start = st->start_ns;
+	__builtin_memcpy(o.comm, task->comm, sizeof(o.comm));
+	bpf_map_update_elem(&rqs, &key, &o, BPF_ANY);
+	return 0;
+}
+
+SEC("tp_btf/block_rq_issue")
+int BPF_PROG(tp_rq_issue, struct request *rq)
+{
+	__u64 key = (__u64)rq;
+	struct rq_owner *o = bpf_map_lookup_elem(&rqs, &key);
+
+	if (o)
+		o->issue_ns = bpf_ktime_get_ns();	/* again after a requeue */
+	return 0;
+}
+
+#define REQ_OP_BITS_MASK 0xff
+
+/* A request (or part of it: nr_bytes) completed. The request counts once, when its
+ * last bytes complete; its latency is from the (last) issue to that completion. */
+SEC("tp_btf/block_rq_complete")
+int BPF_PROG(tp_rq_complete, struct request *rq, blk_status_t error, unsigned int nr_bytes)
+{
+	__u64 key = (__u64)rq;
+	struct rq_owner *o = bpf_map_lookup_elem(&rqs, &key);
+	struct fileio_disk_key dk = {};
+	struct fileio_disk_stats *s;
+	struct fileio_inflight *st;
+	bool last;
+	__u32 op;
+	__u64 lat;
+
+	if (!o)
+		return 0;
+	op = rq->cmd_flags & REQ_OP_BITS_MASK;	/* REQ_OP_READ 0, REQ_OP_WRITE 1 */
+	last = nr_bytes >= rq->__data_len;
+	if (op > 1 || !o->issue_ns) {
+		if (last)
+			bpf_map_delete_elem(&rqs, &key);
+		return 0;
+	}
+	lat = bpf_ktime_get_ns() - o->issue_ns;
+	dk.pid = o->pid;
+	dk.op = op;
+	dk.start = o->start;
+	s = bpf_map_lookup_elem(&disk_io, &dk);
+	if (!s) {
+		bpf_map_update_elem(&disk_io, &dk, &zero_disk, BPF_NOEXIST);
+		s = bpf_map_lookup_elem(&disk_io, &dk);
+		if (s)
+			__builtin_memcpy(s->comm, o->comm, sizeof(s->comm));
+	}
+	if (!s) {
+		COUNT(disk_full);
+	} else {
+		s->bytes += nr_bytes;
+		if (last) {
+			s->requests++;
+			s->latency_sum_ns += lat;
+			if (lat > s->latency_max_ns)
+				s->latency_max_ns = lat;
+			s->slots[hist_slot(lat, IO_MAX_SLOTS)]++;
+		}
+	}
+	if (last && o->op_start) {
+		/* Into the submitter's operation, if it is still the one in flight (its
+		 * requests may complete on several CPUs at once). */
+		st = slot_of(o->tid);
+		if (st && st->tid == o->tid && st->start_ns == o->op_start) {
+			__sync_fetch_and_add(&st->disk_latency_ns, lat);
+			__sync_fetch_and_add(&st->disk_requests, 1);
+		}
+	}
+	if (last)
+		bpf_map_delete_elem(&rqs, &key);
+	return 0;
+}
+
+/* A thread with an operation in flight going to sleep in I/O wait, and coming back. */
+SEC("tp_btf/sched_switch")
+int BPF_PROG(tp_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	struct fileio_inflight *st;
+
+	if (BPF_CORE_READ_BITFIELD(prev, in_iowait)) {
+		st = busy_slot(prev->pid);
+		if (st && !st->wait_start_ns) {
+			st->wait_start_ns = bpf_ktime_get_ns();
+			__sync_fetch_and_add(&iowaiters, 1);
+		}
+	}
+	if (iowaiters) {
+		st = slot_of(next->pid);
+		if (st && st->tid == next->pid && st->wait_start_ns) {
+			st->io_wait_ns += bpf_ktime_get_ns() - st->wait_start_ns;
+			st->wait_start_ns = 0;
+			__sync_fetch_and_add(&iowaiters, -1);
+		}
+	}
+	return 0;
+}
+
+#endif /* MERIDIAN_IO_BLOCK_BPF_H */
