@@ -399,3 +399,36 @@ def test_kernel_signal_while_loading(procs: list[subprocess.Popen[str]], delay: 
     assert took < STOP_BOUND_S + 5, err
     assert "Traceback" not in err
     assert gone(ids) == set()
+
+
+def test_a_group_the_source_refuses_keeps_the_running_events() -> None:
+    """A group the source cannot open while running (a raw code a real PMU refuses) is
+    said once; the agent goes on sampling what it sampled."""
+    from meridian.errors import BpfError
+    from meridian.tools.sentinel.mock import MockSource
+    from meridian.tools.sentinel.runtime import Runtime
+
+    class Refusing(MockSource):
+        def set_events(self, events: Any) -> float:
+            if any(str(e.name).startswith("raw") for e in events):
+                raise BpfError("perf_event_open(type=4, config=0x1cd, cpu=0)", 22)
+            return super().set_events(events)
+
+    src = Refusing(period_ms=10, rng_seed=3, rate=2000)
+    rec = Recorder()
+    logged: list[str] = []
+    rt = Runtime(mock_config(), src, observers=[rec], log=logged.append)
+    rt.start()
+    try:
+        wait_for(lambda: len(rec.windows) >= 1)
+        before = rt.status()["events"]
+        rt.set_groups([["raw:0x1cd"]], [["raw:0x1cd"]])
+        wait_for(lambda: any("cannot sample" in line for line in logged))
+        n = len(rec.windows)
+        wait_for(lambda: len(rec.windows) >= n + 2)  # still flushing windows
+        assert rt.running and rt.status()["events"] == before
+        assert rec.windows[-1].info.samples > 0  # and still sampling
+        refused = [line for line in logged if "cannot sample" in line]
+        assert len(refused) == 1 and "raw" in refused[0] and "still sampling" in refused[0]
+    finally:
+        rt.stop()

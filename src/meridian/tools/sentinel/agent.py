@@ -142,6 +142,7 @@ class Runtime(Consumer, Flusher, RuntimeControl):
         self._events_open = 0.0
         self._source_name = "-"
         self._event_names: list[str] = []
+        self._refused: set[str] = set()  # event groups the source could not open (said once)
         self._delivered = 0  # samples polled, cumulative
         self._kept = 0  # after the target filter
         self._named = np.zeros(0, dtype=np.uint64)  # flow ids the source named, sorted

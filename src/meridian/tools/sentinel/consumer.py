@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import MeridianError
 from .records import SampleSource
 from .state import Array, RuntimeState, SampleBatch
 
@@ -42,7 +43,7 @@ class Consumer(RuntimeState):
             with self._ctl:
                 turned = self.rotator.tick(now)
             if turned is not None:
-                self._set_events(src, turned)
+                self._switch_events(src, turned)
             samples, lbr = src.poll(POLL_S)
             small = len(samples) < SMALL_BATCH
             self._take(src, samples, lbr, contexts() if contexts is not None else None)
@@ -123,6 +124,19 @@ class Consumer(RuntimeState):
         self._event_names = [str(e.name) for e in (opened if opened is not None else group)]
         self._source_name = src.name
 
+    def _switch_events(self, src: SampleSource, group: Sequence[Any]) -> None:
+        """A group asked for while running (rotation, mode, the API): one the source
+        cannot open (a raw code the PMU refuses) is said once, and the events running
+        stay, rather than ending the agent. At start, the same error ends it."""
+        try:
+            self._set_events(src, group)
+        except MeridianError as exc:
+            names = ", ".join(str(getattr(e, "name", e)) for e in group)
+            if names not in self._refused:
+                self._refused.add(names)
+                running = ", ".join(self._event_names) or "-"
+                self.log(f"cannot sample {names}: {exc}; still sampling {running}")
+
     def _apply_requests(self, src: SampleSource) -> None:
         with self._ctl:
             req, self._requests = self._requests, {}
@@ -131,4 +145,4 @@ class Consumer(RuntimeState):
         if "pids" in req:
             src.set_targets(req["pids"])
         if "events" in req:
-            self._set_events(src, req["events"])
+            self._switch_events(src, req["events"])

@@ -101,6 +101,7 @@ class RuntimeState:
     _events_open: float
     _source_name: str
     _event_names: list[str]
+    _refused: set[str]
     _delivered: int
     _kept: int
     _named: Array
