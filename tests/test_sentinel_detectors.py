@@ -209,6 +209,13 @@ def test_keys_over_the_bound_are_dropped_and_counted() -> None:
     assert counts.dropped == 1
 
 
+def test_a_detector_past_its_bound_counts_the_samples_it_dropped() -> None:
+    det = RemoteDram(max_keys=2)
+    det.observe(remote([(0xAB, 1, 2, 3), (0xAB, 0, 2, 1), (0xCD, 1, 3, 5)]))
+    assert [f.value for f in flushed(det)] == [5.0, 3.0]  # the two hottest kept
+    assert det.dropped() == 1 and FalseSharing().dropped() == 0
+
+
 def test_every_detector_is_registered_and_created() -> None:
     assert set(detector_types()) == {"false_sharing", "remote_dram"}
     made = create_all(DetectorContext())

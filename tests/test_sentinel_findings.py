@@ -78,3 +78,5 @@ def test_findings_are_the_detector_gauges() -> None:
     fs = fams["ms_false_sharing_score"].samples
     scores = {int(p.labels["line"], 16) >> 6: p.value for p in fs}
     assert scores and all(scores[line] == lines[line] for line in scores)
+    drops = {p.labels["detector"]: p.value for p in fams["ms_detector_dropped_samples"].samples}
+    assert drops == {"false_sharing": 0, "remote_dram": 0}  # every sample counted

@@ -53,6 +53,9 @@ class Findings:
         for cls in detector_types().values():
             points = [Point(self._labels(f), f.value) for f in found if f.metric == cls.metric]
             out.append(Family(cls.metric, "gauge", "", cls.doc, list[Point | HistPoint](points)))
+        drops = [Point({"detector": d.name}, d.dropped()) for d in self.detectors]
+        doc = "samples a detector observed but could not count (its table was full)"
+        out.append(Family("ms_detector_dropped_samples", "counter", "", doc, list(drops)))
         return out
 
     def _labels(self, f: Finding) -> dict[str, str | int | bool]:

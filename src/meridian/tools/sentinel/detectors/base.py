@@ -86,6 +86,10 @@ class Detector(ABC):
         """A batch of decoded samples (records.sample_dtype), shared with the
         aggregator: read it, keep copies of what is needed."""
 
+    def dropped(self) -> int:
+        """Samples observed but not counted (a bounded table was full), cumulative."""
+        return 0
+
     @abstractmethod
     def flush(self, now_ns: int, emit: Emit) -> None:
         """Close the window if it is due at `now_ns` (the samples' clock) and pass

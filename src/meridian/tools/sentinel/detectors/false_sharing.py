@@ -96,6 +96,9 @@ class FalseSharing(Detector):
         cols["pid"] = samples["pid"][hit]
         self.counts.add(cols, samples["time_ns"][hit], a)
 
+    def dropped(self) -> int:
+        return self.counts.dropped
+
     def flush(self, now_ns: int, emit: Emit) -> None:
         closed = self.counts.close(now_ns)
         if closed is None or not len(closed.rows):

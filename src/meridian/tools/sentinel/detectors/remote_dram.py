@@ -82,6 +82,9 @@ class RemoteDram(Detector):
         cols = {k: samples[k][hit] for k in ("flow_id", "numa_node", "ifindex")}
         self.counts.add(cols, samples["time_ns"][hit], samples["data_addr"][hit])
 
+    def dropped(self) -> int:
+        return self.counts.dropped
+
     def flush(self, now_ns: int, emit: Emit) -> None:
         closed = self.counts.close(now_ns)
         if closed is None:
