@@ -134,7 +134,9 @@ def cost_table(seconds: float, only: str = "") -> None:
 
 
 def iperf_bps(pair: NetnsPair, seconds: float, udp: bool) -> float:
-    res = pair.iperf3(seconds, udp=udp, length=64 if udp else None)
+    """iperf3's client on CPU 0 and its server on CPU 1: without pinning, where the
+    scheduler puts the two moves a round by 10-15 %, more than the agent costs."""
+    res = pair.iperf3(seconds, udp=udp, length=64 if udp else None, cpus=(0, 1))
     end = res["end"]
     return float((end["sum"] if udp else end["sum_received"])["bits_per_second"])
 

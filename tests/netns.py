@@ -63,9 +63,11 @@ class NetnsPair:
         cport: int | None = None,
         udp: bool = False,
         length: int | None = None,
+        cpus: tuple[int, int] | None = None,
     ) -> dict[str, Any]:
         """A TCP (or UDP) stream from a to b for `seconds`, `length` bytes a write;
-        iperf3's JSON result."""
+        iperf3's JSON result. `cpus` pins the client and the server to one CPU each."""
+        pin_server = ["-A", str(cpus[1])] if cpus else []
         server = self.popen(
             self.b,
             IPERF3,
@@ -75,6 +77,7 @@ class NetnsPair:
             self.addr_b,
             "-p",
             str(port),
+            *pin_server,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -82,6 +85,8 @@ class NetnsPair:
         cmd = [IPERF3, "-c", self.addr_b, "-p", str(port), "-t", f"{seconds:g}", "-J"]
         if cport is not None:
             cmd += ["--cport", str(cport)]
+        if cpus:
+            cmd += ["-A", str(cpus[0])]
         if udp:
             cmd += ["-u", "-b", "0"]
         if length is not None:
