@@ -2,7 +2,9 @@
 /* meridian syscalls: file-system syscalls as start and end events (seed 002, Mortadelo).
  *
  * The start carries the raw arguments, up to two user strings (paths) and the path of
- * an fd argument, resolved here from the task's fd table; the end carries the result.
+ * an fd argument, resolved here from the task's fd table as /proc/PID/fd names it
+ * (fdpath.bpf.h: pipe:[ino], anon_inode:[eventfd], ...); the end carries the result
+ * and, for a call that fills in a user array or struct, its bytes (pipe2's fds).
  * A record is built in a per-CPU buffer and copied to the ring at its real length
  * (strings packed behind the header), so the ring and a recording carry no padding.
  * A string that cannot be read at entry (its page not faulted in yet) is read again
@@ -250,7 +252,7 @@ static __always_inline void fill_header(struct syscalls_event *e, struct task_st
 	e->str_ok = 0;
 	e->fd_ok = 0;
 	e->pad = 0;
-	e->pad2 = 0;
+	e->out_len = 0;
 	e->str_len[0] = e->str_len[1] = 0;
 	e->fd_len = 0;
 	__builtin_memcpy(e->args, args, sizeof(e->args));
@@ -317,6 +319,8 @@ static __always_inline void regs_args(struct pt_regs *regs, __u64 *args)
 	args[5] = regs->r9;
 }
 
+#include "syscalls_out.bpf.h"	/* read_output(): pipe2's fds, stat buffers */
+
 /* `regs`: the syscall's saved user registers, which still hold its arguments. */
 static __always_inline void on_exit(long id, long ret, struct pt_regs *regs)
 {
@@ -331,7 +335,7 @@ static __always_inline void on_exit(long id, long ret, struct pt_regs *regs)
 
 	if (!meta)
 		return;
-	if (meta->need_fd || meta->str_pos[0] >= 0)
+	if (meta->need_fd || meta->str_pos[0] >= 0 || meta->out_pos >= 0)
 		regs_args(regs, args);
 	if (skip_for_fd(meta, args))
 		return;
@@ -357,6 +361,7 @@ static __always_inline void on_exit(long id, long ret, struct pt_regs *regs)
 		}
 		retry_done(tid);
 	}
+	read_output(b, meta, ret, &off);
 	send(b, off, fill);
 }
 

@@ -6,7 +6,7 @@
 #define SYSCALLS_MAX_NR 512		/* syscall numbers covered by the sc_meta array */
 #define SYSCALLS_COMM_LEN 16
 #define SYSCALLS_STR_LEN 256		/* one user string argument (a path) */
-#define SYSCALLS_PATH_LEN 256		/* an fd's path, resolved in the kernel */
+#define SYSCALLS_PATH_LEN 256		/* an fd's path as /proc/PID/fd shows it (fdpath.bpf.h) */
 #define SYSCALLS_PATH_DEPTH 32		/* dentries walked up from an fd's file (a power of 2) */
 #define SYSCALLS_DATA_LEN 1024		/* room behind the header: str[0], str[1], fd_path (built
 					 * with bounded writes: twice its length) */
@@ -23,7 +23,18 @@ struct syscalls_meta {
 	__s8 str_pos[2];
 	__s8 fd_pos;
 	__u8 need_fd;		/* skip the call when that fd is < 0 (anonymous mmap) */
-	__u8 pad[3];
+	__s8 out_pos;		/* an output argument (a user pointer) read at exit, -1: none */
+	__u8 out_kind;		/* enum syscalls_out: what it points to */
+	__u8 pad;
+};
+
+/* Output arguments read at a successful exit, sent behind the end's strings: the
+ * bytes of at most two pieces of what the pointer points to (x86_64 layouts). */
+enum syscalls_out {
+	SYSCALLS_OUT_NONE,
+	SYSCALLS_OUT_FDS,	/* int[2] (pipe, pipe2, socketpair): 8 bytes */
+	SYSCALLS_OUT_STAT,	/* struct stat: st_mode (u32 at 24), st_size (s64 at 48) */
+	SYSCALLS_OUT_STATX,	/* struct statx: stx_mode (u16 at 28), stx_size (u64 at 40) */
 };
 
 /* Everything the tool drops or cannot do, counted per CPU, never silently. */
@@ -39,8 +50,9 @@ struct syscalls_counters {
 
 /* One start or end event: this fixed header, then `str_len[0]` bytes of the first
  * string argument, `str_len[1]` of the second and `fd_len` of the fd's path, packed
- * (each NUL-terminated, a length of 0 when absent), so a record is as long as what it
- * carries (112 bytes without strings, not 872). Every event takes the next index,
+ * (each NUL-terminated, a length of 0 when absent), then `out_len` bytes of an output
+ * argument (an end only: enum syscalls_out, its pieces back to back, no NUL), so a
+ * record is as long as what it carries (112 bytes without strings, not 872). Every event takes the next index,
  * dropped ones too, so a gap in the indices is a drop. */
 struct syscalls_event {
 	__u64 index;
@@ -57,7 +69,7 @@ struct syscalls_event {
 	char comm[SYSCALLS_COMM_LEN];
 	__u16 str_len[2];	/* bytes of each string behind the header, NUL included */
 	__u16 fd_len;		/* bytes of the fd's path behind the strings, NUL included */
-	__u16 pad2;
+	__u16 out_len;		/* bytes of the output argument behind the fd's path */
 };
 
 /* Where a record is built before it is copied to the ring at its real length. */

@@ -62,7 +62,8 @@ def test_unknown_syscall_is_one_line_with_close_matches(
     [
         (["-p", "abc"], "-p takes process ids, got 'abc'"),
         (["--filter", "(", "--regex", "-r", "x"], "bad regular expression '('"),
-        (["-r", "x", "-w", "y"], "-r replays a recording: it takes no command and no -w"),
+        (["-r", "x", "--", "ls"], "-r replays a recording: it takes no command"),
+        (["-r", "x", "-w", "y"], "-r x -w y: converting writes JSON lines: name it .jsonl"),
         (["-q"], "-q records only: it needs -w FILE"),
         (["-e", "read", "--all"], "give either -e SYSCALLS or --all, not both"),
         (["--duration", "0"], "--duration must be greater than 0"),
@@ -120,12 +121,17 @@ def test_replay_of_a_damaged_file_names_the_line(
 def test_meta_table_positions() -> None:
     rows = meta_table({"openat", "read", "renameat2", "mmap"})
     assert len(rows) == MAX_NR
-    assert rows[257] == {"traced": 1, "str_pos": [1, -1], "fd_pos": 0, "need_fd": 0}
-    assert rows[0] == {"traced": 1, "str_pos": [-1, -1], "fd_pos": 0, "need_fd": 0}
+    none = {"out_pos": -1, "out_kind": 0}
+    assert rows[257] == {"traced": 1, "str_pos": [1, -1], "fd_pos": 0, "need_fd": 0, **none}
+    assert rows[0] == {"traced": 1, "str_pos": [-1, -1], "fd_pos": 0, "need_fd": 0, **none}
     assert rows[316]["str_pos"] == [1, 3] and rows[316]["traced"] == 1
-    assert rows[9] == {"traced": 1, "str_pos": [-1, -1], "fd_pos": 4, "need_fd": 1}
+    assert rows[9] == {"traced": 1, "str_pos": [-1, -1], "fd_pos": 4, "need_fd": 1, **none}
     assert rows[2]["traced"] == 0  # open: not asked for
-    assert rows[511] == {"traced": 0, "str_pos": [-1, -1], "fd_pos": -1, "need_fd": 0}
+    assert rows[511] == {"traced": 0, "str_pos": [-1, -1], "fd_pos": -1, "need_fd": 0, **none}
+    # Outputs read at exit: pipe2's fds (enum syscalls_out 1), newfstatat's stat (2).
+    assert (rows[293]["out_pos"], rows[293]["out_kind"]) == (0, 1)
+    assert (rows[262]["out_pos"], rows[262]["out_kind"]) == (2, 2)
+    assert meta_table({"mmap"}, anon_mmap=True)[9]["need_fd"] == 0  # -e mmap, --all
 
 
 def test_plain_view_memory_is_bounded_and_pairs_across_trims() -> None:

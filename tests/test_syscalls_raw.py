@@ -18,16 +18,12 @@ import pytest
 from ringfake import DISCARD, FakeRing
 
 from meridian.bpf.ringbuf import RingBuffer
-from meridian.errors import UsageError
+from meridian.errors import MeridianError, UsageError
 from meridian.tools.syscalls.backlog import Backlog
 from meridian.tools.syscalls.options import Options
 from meridian.tools.syscalls.raw import decode_frames, dtype_from_json, dtype_to_json, frames
-from meridian.tools.syscalls.recording import (
-    Recorder,
-    SpooledJsonRecorder,
-    is_jsonl_name,
-    read_events,
-)
+from meridian.tools.syscalls.recording import Recorder, is_jsonl_name, read_events
+from meridian.tools.syscalls.spool import SpooledJsonRecorder
 
 # struct syscalls_event of bpf/syscalls.h, as BTF gives it (112 bytes)
 DTYPE = np.dtype(
@@ -168,55 +164,26 @@ def test_raw_record_then_replay(tmp_path: Path, suffix: str) -> None:
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.zst"])
 def test_json_lines_are_spooled_raw_then_written(tmp_path: Path, suffix: str) -> None:
-    """A live JSON lines recording keeps raw records beside it while capturing, writes
-    them as JSON lines when there is time (convert) and the rest at the end: the same
-    events as decoding live."""
+    """A live JSON lines recording only spools raw records beside it while capturing
+    (as fast as a raw recording), and writes them as JSON lines at the end: the same
+    events as decoding live, and the spool is gone."""
     if suffix.endswith(".zst") and shutil.which("zstd") is None:
         pytest.skip("no zstd program")
     path = tmp_path / f"r{suffix}"
     buf = b"".join(frame(r) for r in trace())
     rec = SpooledJsonRecorder(path, ["syscalls"], DTYPE, 5)
-    spool = tmp_path / f"r{suffix}.part.rec"
+    assert rec.spool.parent == tmp_path and rec.spool.name.startswith(f"r{suffix}.")
     rec.write_raw(buf[:200], 1)
-    rec.convert(1.0)
-    assert rec.converted == 1 and spool.exists()
     rec.write_raw(buf[200:], 5)
+    assert rec.count == 6 and rec.spool.exists()
     rec.close()
-    assert not spool.exists()
+    assert not rec.spool.exists() and sorted(tmp_path.iterdir()) == [path]
     data = path.read_bytes()
     if suffix.endswith(".zst"):
         data = subprocess.run(["zstd", "-dc", str(path)], capture_output=True, check=True).stdout
     assert data.startswith(b'{"format":"meridian-syscalls","version":1,')
     assert list(read_events(path)) == decode_frames(frames(buf), DTYPE, 5)
     rec.close()  # closing again does nothing
-
-
-def test_rows_a_view_decoded_are_written_once_and_in_order(tmp_path: Path) -> None:
-    """The view's rows go to the JSON lines when they are the next due; rows past a gap
-    (the view skipped some) are left to the spool, and nothing is written twice."""
-    cap: Any = SimpleNamespace(dtype=DTYPE, offset_ns=0)
-    path = tmp_path / "r.jsonl"
-    rec = SpooledJsonRecorder(path, None, DTYPE)
-    chunks = [b"".join(frame(r) for r in trace()[i : i + 2]) for i in (0, 2, 4)]
-    b = Backlog(limit=len(chunks[1]) + len(chunks[2]))
-    rec.write_raw(chunks[0], 2)
-    b.push(chunks[0], 2)
-    rows = b.take(cap, 1)
-    assert b.taken == (0, len(frame(trace()[0])))
-    assert rec.write_decoded(*b.taken, rows) and rec.converted == 1
-    for c in chunks[1:]:
-        rec.write_raw(c, 2)
-        b.push(c, 2)  # the rest of chunk 0 is skipped by the view
-    rows = b.take(cap, 2)
-    assert [sc.index for sc in rows] == [2, 3] and b.skipped == 1
-    assert not rec.write_decoded(*b.taken, rows)  # record 1 is due first
-    rec.convert(1.0)
-    assert rec.converted == 6
-    rows = b.take(cap, 2)
-    assert [sc.index for sc in rows] == [4, 5]
-    assert not rec.write_decoded(*b.taken, rows)  # written already, from the spool
-    rec.close()
-    assert [sc.index for sc in read_events(path)] == [0, 1, 2, 3, 4, 5]
 
 
 def test_interrupted_json_writing_keeps_the_raw_spool(
@@ -226,15 +193,16 @@ def test_interrupted_json_writing_keeps_the_raw_spool(
     rec = SpooledJsonRecorder(path, None, DTYPE)
     rec.write_raw(b"".join(frame(r) for r in trace()), 6)
 
-    def interrupted(self: Recorder, sc: Any) -> None:
+    def interrupted(self: Recorder, events: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Recorder, "write", interrupted)
-    with pytest.raises(UsageError, match=r"every event is in the raw recording .*r.jsonl.part.rec"):
+    monkeypatch.setattr(Recorder, "write_many", interrupted)
+    finish = rf"finish with: meridian syscalls -r {rec.spool} -w {path}$"
+    with pytest.raises(MeridianError, match=rf"^interrupted .* kept in {rec.spool}; {finish}"):
         rec.close()
     assert not path.exists()
     monkeypatch.undo()
-    assert len(list(read_events(tmp_path / "r.jsonl.part.rec"))) == 6
+    assert len(list(read_events(rec.spool))) == 6
 
 
 def test_damaged_raw_recordings_name_the_record(tmp_path: Path) -> None:

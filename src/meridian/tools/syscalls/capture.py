@@ -5,6 +5,7 @@ drain thread when recording. Ctrl-C ends a capture with everything drained shown
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import sys
@@ -13,12 +14,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
-from .backlog import BACKLOG_BYTES, CALM, VIEW_SLICE, Backlog
+from ...errors import MeridianError
+from .backlog import BACKLOG_BYTES, VIEW_SLICE, Backlog
 from .kernel import Capture
 from .launcher import Launcher
 from .options import Options
 from .record import Syscall
-from .recording import Recorder, SpooledJsonRecorder
+from .recording import Recorder
+from .spool import SpooledJsonRecorder
 from .text import Pipeline, summary
 
 __all__ = ["CaptureFeed", "capture", "capture_tui", "signals_held"]
@@ -47,12 +50,14 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
         def take(timeout: float) -> int:
             """Drain the ring: to the recording and the view's backlog, or decoded
             and shown at once when nothing is recorded. Returns the bytes drained."""
-            chunk, n = cap.poll_raw(timeout)
             if recorder is not None:
-                recorder.write_raw(chunk, n)
+                with signals_held():  # drained is recorded and counted, whole
+                    chunk, n = cap.poll_raw(timeout)
+                    recorder.write_raw(chunk, n)
                 if backlog is not None:
                     backlog.push(chunk, n)
                 return len(chunk)
+            chunk, n = cap.poll_raw(timeout)
             for sc in cap.decode(chunk):
                 p.add(sc)
             return len(chunk)
@@ -64,9 +69,6 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
             until = None if seconds is None else time.monotonic() + seconds
             while backlog and (until is None or time.monotonic() < until):
                 rows = backlog.take(cap, 256)
-                if isinstance(recorder, SpooledJsonRecorder):
-                    with signals_held():  # JSON lines from rows decoded anyway, if due
-                        recorder.write_decoded(*backlog.taken, rows)
                 for sc in rows:
                     p.add(sc)
                 p.flush()
@@ -84,31 +86,48 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
             elif not opts.json and not opts.quiet:
                 print("Tracing file-system syscalls... Hit Ctrl-C to end.", file=err)
             end = time.monotonic() + opts.duration if opts.duration else None
+            freeze = time.monotonic()
             try:
                 while True:
+                    if time.monotonic() >= freeze:
+                        # The rows the view holds, out of the collector's full passes,
+                        # which grow with them past what the ring holds (~80 ms of a
+                        # full-speed loop in 16 MB): the drain never waits that long.
+                        gc.freeze()
+                        freeze = time.monotonic() + 0.25
                     done = launcher is not None and launcher.poll() is not None
                     if opts.pids and not any(os.path.exists(f"/proc/{pid}") for pid in opts.pids):
                         done = True  # every process asked for has exited (as strace -p)
-                    drained = take(0 if done or backlog else 0.05)
+                    take(0 if done or backlog else 0.05)
                     show(VIEW_SLICE)
                     p.flush()
                     p.trim()
-                    if isinstance(recorder, SpooledJsonRecorder) and drained < CALM and not backlog:
-                        with signals_held():  # time to spare: JSON lines from the spool
-                            recorder.convert(VIEW_SLICE)
                     if done or (end is not None and time.monotonic() >= end):
                         break
             except KeyboardInterrupt:
                 take(0)
-            show(None)
-            p.finish()
-            if isinstance(recorder, SpooledJsonRecorder):
-                recorder.close(err)
-            not_shown = backlog.skipped if backlog is not None else 0
-            summary(p, cap.counters(), err, not_shown, recorder)
+            # The capture is over: its counters, then nothing runs or is traced while
+            # the view catches up and a JSON lines recording is converted (a ring that
+            # nobody reads would count drops that are not the capture's).
+            counters = cap.counters()
             if launcher is not None:
                 code = launcher.poll() or 0
                 status = 128 - code if code < 0 else code  # killed by a signal: 128 + signo
+                launcher.kill()
+            assert cap.obj is not None
+            cap.obj.detach()
+            show(None)
+            p.finish()
+            unconverted: MeridianError | None = None
+            if isinstance(recorder, SpooledJsonRecorder):
+                try:
+                    recorder.close(err)
+                except MeridianError as exc:
+                    unconverted = exc  # the spool is kept: the summary still counts
+            not_shown = backlog.skipped if backlog is not None else 0
+            summary(p, counters, err, not_shown, recorder)
+            if unconverted is not None:
+                raise unconverted
         finally:
             if launcher is not None:
                 launcher.kill()
@@ -139,6 +158,8 @@ def capture_tui(opts: Options, show: Callable[[CaptureFeed], None]) -> int:
             if launcher is not None:
                 launcher.kill()
             if isinstance(recorder, SpooledJsonRecorder):
+                if cap.obj is not None:
+                    cap.obj.detach()  # nothing traced while converting
                 recorder.close(sys.stderr)
             elif recorder is not None:
                 recorder.close()
@@ -171,8 +192,6 @@ class CaptureFeed:
                 self.recorder.write_raw(chunk, n)
                 with self._lock:
                     self.backlog.push(chunk, n)
-                if isinstance(self.recorder, SpooledJsonRecorder) and len(chunk) < CALM:
-                    self.recorder.convert(VIEW_SLICE)  # not the main thread: no signals
         except BaseException as exc:  # e.g. the disk is full: not silent
             self._error = exc
 

@@ -17,6 +17,7 @@ from .kernel import STRATEGIES
 from .numbers import resolve_names
 from .options import Options, build_filter
 from .recording import read_until_damage
+from .spool import convert_command
 from .text import replay
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ EXAMPLES = """examples:
   meridian syscalls -w trace.jsonl.zst -- make   # record JSON lines (zstd) while printing
   meridian syscalls -w trace.rec.zst -q  # record raw kernel records only (no view)
   meridian syscalls -r trace.jsonl.zst --failed  # replay a recording, filtered
+  meridian syscalls -r trace.rec -w trace.jsonl  # convert a raw recording to JSON lines
 """
 
 
@@ -71,15 +73,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         dest="write",
         metavar="FILE",
         help="record every event: raw kernel records, or JSON lines when FILE ends in "
-        ".jsonl/.json, written from a raw spool (FILE.part.rec) (.zst: zstd-compressed)",
+        ".jsonl/.json, converted at the end from a raw spool beside it (.zst: "
+        "zstd-compressed); with -r: convert that recording to JSON lines",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="with -w: record only, show nothing")
     p.add_argument(
         "--record-format",
         choices=("raw", "jsonl"),
         help="-w format regardless of the name: raw or jsonl (both lossless; jsonl is "
-        "written while capture has time to spare, the rest at the end, about 15 s per "
-        "million events)",
+        "converted from a raw spool when the capture ends, about 4 s per million events)",
     )
     p.add_argument("-r", dest="read", metavar="FILE", help="replay a recording")
     p.add_argument("--filter", dest="text", metavar="TEXT", help="text in any field")
@@ -91,7 +93,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--failed", action="store_true", help="only calls that failed")
     p.add_argument("--errno", metavar="NAMES", help="only calls failing with these errnos")
     p.add_argument("--duration", metavar="SECONDS", type=float, help="stop after this long")
-    p.add_argument("--ring-mb", type=int, default=16, metavar="MB", help="ring buffer size")
+    p.add_argument(
+        "--ring-mb",
+        type=int,
+        metavar="MB",
+        help="ring buffer size (default 16, or 64 with -w: a recording must ride out the "
+        "writer's stalls, such as the kernel throttling dirty pages, at full rate)",
+    )
     p.add_argument(
         "--max-rows",
         type=int,
@@ -145,14 +153,16 @@ def _check(args: argparse.Namespace, names: list[str], pids: list[int]) -> None:
     """The combinations and values the parser alone does not refuse."""
     if args.duration is not None and not args.duration > 0:
         raise UsageError(f"--duration must be greater than 0, got {args.duration}")
-    if args.read and (args.command or args.write):
-        raise UsageError("-r replays a recording: it takes no command and no -w")
+    if args.read and args.command:
+        raise UsageError("-r replays a recording: it takes no command")
     if args.command and pids:
         raise UsageError("give either -p PID or -- COMMAND, not both")
     if args.max_rows < 0:
         raise UsageError(f"--max-rows must be 0 or more, got {args.max_rows}")
     if args.quiet and not args.write:
         raise UsageError("-q records only: it needs -w FILE")
+    if args.ring_mb is None:
+        args.ring_mb = 64 if args.write else 16
     if args.ring_mb <= 0:
         raise UsageError(f"--ring-mb must be greater than 0, got {args.ring_mb}")
     if names and args.all:
@@ -214,7 +224,11 @@ def run_tui(opts: Options) -> int:
 def run(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
     # Build the filters now: a bad regex is a usage error before anything loads.
-    build_filter(opts, replay=bool(opts.read))
+    flt = build_filter(opts, replay=bool(opts.read))
+    if opts.read and opts.write:
+        if flt is not None:
+            raise UsageError("-r FILE -w FILE.jsonl converts every event: it takes no filters")
+        return convert_command(opts.read, opts.write, sys.stderr)
     if opts.tui:
         return run_tui(opts)
     if opts.read:

@@ -8,6 +8,7 @@ import bisect
 
 from .log import Log, Rows
 from .record import Syscall
+from .signatures import OUT_KINDS, signature
 
 __all__ = ["CompactLog", "merge"]
 
@@ -24,7 +25,19 @@ def merge(start: Syscall, end: Syscall | None) -> Syscall:
         row.have_result = end.have_result
         row.result_text = end.result_text
         row.duration_ns = max(end.timestamp_ns - start.timestamp_ns, 0)
+        if end.args and len(end.args) == len(row.args):
+            row.args = _with_outputs(row.args, end.args, signature(row.name))
     return row
+
+
+def _with_outputs(
+    args: tuple[str, ...], end: tuple[str, ...], kinds: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The start's arguments with its outputs (pipe2's fds) as the end read them."""
+    return tuple(
+        e if i < len(kinds) and kinds[i] in OUT_KINDS else a
+        for i, (a, e) in enumerate(zip(args, end, strict=True))
+    )
 
 
 class CompactLog(Rows):

@@ -7,7 +7,8 @@ from __future__ import annotations
 import errno as _errno
 from collections.abc import Mapping, Sequence
 
-from .signatures import signature
+from .outputs import output_text
+from .signatures import OUT_KINDS, signature
 
 __all__ = [
     "AT_FDCWD",
@@ -72,6 +73,9 @@ _MAP_BITS = (
     (0x40000, "MAP_HUGETLB"),
     (0x100000, "MAP_FIXED_NOREPLACE"),
 )
+_FAMILIES = {1: "AF_UNIX", 2: "AF_INET", 10: "AF_INET6", 16: "AF_NETLINK", 17: "AF_PACKET"}
+_SOCK_TYPES = {1: "SOCK_STREAM", 2: "SOCK_DGRAM", 3: "SOCK_RAW", 5: "SOCK_SEQPACKET"}
+_SOCK_BITS = ((0o4000, "SOCK_NONBLOCK"), (0o2000000, "SOCK_CLOEXEC"))
 _WHENCE = {0: "SEEK_SET", 1: "SEEK_CUR", 2: "SEEK_END", 3: "SEEK_DATA", 4: "SEEK_HOLE"}
 
 
@@ -143,6 +147,15 @@ def _one(kind: str, v: int, string: str | None, fd_path: str) -> str:
         return "AT_FDCWD" if _s32(v) == AT_FDCWD else _fd(v, fd_path)
     if kind == "oflags":
         return open_flags(v)
+    if kind == "pflags":  # pipe2: O_* bits without an access mode
+        return flags_text(v & 0xFFFFFFFF, _OPEN_BITS)
+    if kind == "family":
+        return _FAMILIES.get(v & 0xFFFFFFFF, str(_s32(v)))
+    if kind == "socktype":
+        v &= 0xFFFFFFFF
+        rest = flags_text(v & ~0xF, _SOCK_BITS, zero="")
+        base = _SOCK_TYPES.get(v & 0xF, str(v & 0xF))
+        return f"{base}|{rest}" if rest else base
     if kind == "mode":
         return f"0{v & 0o7777:03o}"
     if kind == "atflags":
@@ -168,23 +181,33 @@ def _one(kind: str, v: int, string: str | None, fd_path: str) -> str:
         return str(v & 0xFFFFFFFFFFFFFFFF)
     if kind == "off":
         return str(_s64(v))
-    if kind == "ptr":
+    if kind == "ptr" or kind in OUT_KINDS:
         return _ptr(v)
     return hex(v & 0xFFFFFFFFFFFFFFFF)  # hex and unknown kinds
 
 
 def decode_args(
-    name: str, raw: Sequence[int], strings: Mapping[int, str | None], fd_path: str = ""
+    name: str,
+    raw: Sequence[int],
+    strings: Mapping[int, str | None],
+    fd_path: str = "",
+    output: bytes = b"",
 ) -> tuple[str, ...]:
     """Decoded arguments of `name`. `strings` maps argument positions to the user
     string the kernel read (None: it could not be read); `fd_path` is the path of the
-    fd argument. The mode of open/openat is shown only when O_CREAT or O_TMPFILE is set,
-    as strace does."""
+    fd argument; `output` the bytes of the output argument read at exit (an end's;
+    b"": shown as its address). The mode of open/openat is shown only when O_CREAT or
+    O_TMPFILE is set, as strace does."""
     kinds = signature(name)
     out = [
         _one(kind, raw[i] if i < len(raw) else 0, strings.get(i), fd_path)
         for i, kind in enumerate(kinds)
     ]
+    if output:
+        for i, kind in enumerate(kinds):
+            text = output_text(kind, output) if kind in OUT_KINDS else None
+            if text is not None:
+                out[i] = text
     if name in ("open", "openat") and len(raw) > kinds.index("oflags"):
         flags = raw[kinds.index("oflags")]
         if not (flags & _O_CREAT or flags & _O_TMPFILE == _O_TMPFILE):

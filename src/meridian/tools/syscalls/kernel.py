@@ -15,8 +15,9 @@ from .numbers import NUMBERS
 from .options import Options
 from .raw import decode_frames, frames
 from .record import Syscall
-from .recording import Recorder, SpooledJsonRecorder
-from .signatures import fd_position, string_positions
+from .recording import Recorder
+from .signatures import fd_position, out_position, string_positions
+from .spool import SpooledJsonRecorder
 
 __all__ = ["MAX_NR", "STRATEGIES", "Capture", "meta_table"]
 
@@ -27,20 +28,25 @@ STRATEGIES = (
 MAX_NR = 512  # SYSCALLS_MAX_NR in bpf/syscalls.h
 
 
-def meta_table(names: Iterable[str]) -> list[dict[str, Any]]:
-    """One `struct syscalls_meta` per syscall number: traced, string and fd positions."""
+def meta_table(names: Iterable[str], anon_mmap: bool = False) -> list[dict[str, Any]]:
+    """One `struct syscalls_meta` per syscall number: traced, string, fd and output
+    positions. mmap is traced for files only, unless `anon_mmap` (asked for by name
+    with -e, or --all): then anonymous maps (fd -1) too."""
     traced = set(names)
     rows = []
     for nr in range(MAX_NR):
         name = NUMBERS.get(nr, "")
         pos = list(string_positions(name)) if name else []
         pos += [-1] * (2 - len(pos))
+        out_pos, out_kind = out_position(name) if name else (-1, 0)
         rows.append(
             {
                 "traced": int(name in traced),
                 "str_pos": pos,
                 "fd_pos": fd_position(name) if name else -1,
-                "need_fd": int(name == "mmap"),  # file mappings only
+                "need_fd": int(name == "mmap" and not anon_mmap),
+                "out_pos": out_pos,
+                "out_kind": out_kind,
             }
         )
     return rows
@@ -90,7 +96,8 @@ class Capture(Session):
         obj.select(self.strategy.programs)
         obj.load()
         meta = obj.maps["sc_meta"]
-        for nr, row in enumerate(meta_table(o.traced_names())):
+        anon_mmap = o.all or "mmap" in o.names
+        for nr, row in enumerate(meta_table(o.traced_names(), anon_mmap)):
             meta.update(nr, row)
         for pid in o.pids:
             self.add_pid(pid, obj)

@@ -4,10 +4,8 @@ the format and its version; a name ending in .zst is compressed with the zstd pr
 
 - version 1, JSON lines (files named *.jsonl or *.json): every event as one JSON
   object per line (decoded Syscall fields). Readable by anything. Decoding and
-  encoding run at about 65,000 events per second, so a live capture spools the raw
-  records to a file beside it (`SpooledJsonRecorder`) and writes the JSON lines from
-  the rows its view decodes anyway, or from the spool while it has time to spare, the
-  rest when it ends: nothing is lost to a slow encoder.
+  encoding are far slower than the kernel makes events, so a live capture records
+  raw to a spool and converts it when it ends (`spool.py`).
 - version 2, raw (any other name): after the header line (which holds the record
   layout from BTF and the offset from CLOCK_MONOTONIC to wall time), the kernel's
   ring buffer records unchanged, in the chunks the reader drained (see `raw.py`).
@@ -23,7 +21,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -40,9 +37,9 @@ __all__ = [
     "RAW_VERSION",
     "VERSION",
     "Recorder",
-    "SpooledJsonRecorder",
     "is_jsonl_name",
     "read_events",
+    "read_header",
     "read_until_damage",
 ]
 
@@ -51,7 +48,6 @@ VERSION = 1  # JSON lines
 RAW_VERSION = 2  # raw kernel records
 _BLOCK = 4 << 20  # raw replay reads this much at a time
 _HEADER_MAX = 1 << 20
-_SLICE = 256 << 10  # spooled bytes read at a time for JSON lines
 
 # The short key of each Syscall field in a JSON lines recording; the first seven are
 # in every line (`_REQUIRED`), the others only when set.
@@ -79,6 +75,16 @@ def _zstd() -> str:
     if exe is None:
         raise UsageError("a .zst recording needs the zstd program: apt-get install zstd")
     return exe
+
+
+def _create(path: Path, buffering: int) -> IO[bytes]:
+    """The file, made empty; a usage error naming it if it cannot be."""
+    try:
+        return open(path, "wb", buffering=buffering)
+    except OSError as exc:
+        raise UsageError(
+            f"-w {path}: cannot write it ({exc.strerror}): name a file in a writable directory"
+        ) from None
 
 
 def encode(sc: Syscall) -> dict[str, Any]:
@@ -139,14 +145,14 @@ class Recorder:
         self._file: IO[bytes] | None = None
         if self.path.suffix == ".zst":
             zstd = _zstd()  # before any file is made
-            self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+            self._file = _create(self.path, -1)
             self._proc = subprocess.Popen(
                 [zstd, "-q", "-c", "-3"], stdin=subprocess.PIPE, stdout=self._file
             )
             assert self._proc.stdin is not None
             self._out: IO[bytes] = self._proc.stdin
         else:
-            self._out = open(self.path, "wb", buffering=1 << 20)  # noqa: SIM115
+            self._out = _create(self.path, 1 << 20)
         header: dict[str, Any] = {
             "format": FORMAT,
             "version": RAW_VERSION if raw_dtype is not None else VERSION,
@@ -170,6 +176,12 @@ class Recorder:
         self._line(encode(sc))
         self.count += 1
 
+    def write_many(self, events: list[Syscall]) -> None:
+        """write() for a batch, in one call to the file (what conversion spends on)."""
+        assert not self.raw, "a raw recording takes write_raw()"
+        self._out.write(b"".join([dumps(encode(sc)).encode() + b"\n" for sc in events]))
+        self.count += len(events)
+
     def write_raw(self, chunk: bytes, records: int) -> None:
         """Framed records as drained from the ring (RingBuffer.drain_bytes)."""
         assert self.raw, "a JSON lines recording takes write()"
@@ -190,103 +202,6 @@ class Recorder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class SpooledJsonRecorder(Recorder):
-    """A JSON lines recording of a live capture: raw records go to `<path>.part.rec`
-    as fast as the kernel makes them, and are written as JSON lines to `path` while
-    the capture has time to spare (`convert`) and the rest at `close()`, which removes
-    the spool. Interrupted while writing at the end, it keeps the spool (a complete raw
-    recording) and says so."""
-
-    def __init__(
-        self,
-        path: str | Path,
-        tool_args: list[str] | None,
-        raw_dtype: np.dtype[Any],
-        wall_offset_ns: int = 0,
-    ) -> None:
-        self.final = Path(path)
-        self.dtype, self.offset = raw_dtype, wall_offset_ns
-        # The JSON file first: if it cannot be made (no zstd), no spool is left behind.
-        self._json = Recorder(self.final, tool_args)
-        spool = Path(f"{path}.part.rec")
-        try:
-            super().__init__(spool, tool_args, raw_dtype, wall_offset_ns, self._json.created)
-        except BaseException:
-            self._json.close()
-            self.final.unlink(missing_ok=True)
-            raise
-        self._out.flush()
-        self._spool = open(self.path, "rb")  # noqa: SIM115 - closed in close()
-        self._header = len(self._spool.readline())
-        self._pending = b""  # read from the spool, not written yet
-        self._at = 0  # spool bytes (past the header) written as JSON lines
-        self.converted = 0
-        self._closed = False
-
-    def write_decoded(self, start: int, end: int, events: list[Syscall]) -> bool:
-        """The records of spool bytes `start`..`end`, decoded already (by a view):
-        written as they are when they are the next ones due, saving a second decode.
-        Returns whether they were (else `convert` will reach them in the spool)."""
-        if start != self._at or self._closed:
-            return False
-        for sc in events:
-            self._json.write(sc)
-        self.converted += len(events)
-        self._at = end
-        if len(self._pending) >= end - start:
-            self._pending = self._pending[end - start :]
-        else:
-            self._pending = b""
-            self._spool.seek(self._header + end)
-        return True
-
-    def convert(self, seconds: float) -> None:
-        """Write spooled records as JSON lines for about `seconds`. Not to be
-        interrupted part way (a batch would be written twice): see `close`."""
-        if not self._out.closed:
-            self._out.flush()
-        until = time.monotonic() + seconds
-        while time.monotonic() < until:
-            block = self._spool.read(_SLICE) if len(self._pending) < _SLICE else b""
-            buf = self._pending + block
-            fr = frames(buf, 0, 1024)
-            if not len(fr):
-                self._pending = buf
-                return
-            for sc in decode_frames(fr, self.dtype, self.offset):
-                self._json.write(sc)
-            self.converted += len(fr)
-            self._at += fr.used
-            self._pending = buf[fr.used :]
-
-    def close(self, note: IO[str] | None = None) -> None:
-        """Write the rest as JSON lines (telling `note` first when there are many)."""
-        if self._closed:
-            return
-        self._closed = True
-        super().close()
-        left = self.count - self.converted
-        if note is not None and left >= 200_000:
-            print(f"meridian syscalls: writing {left} more events to {self.final}...", file=note)
-        try:
-            while self.converted < self.count:
-                before = self.converted
-                self.convert(1.0)
-                if self.converted == before:
-                    break
-        except KeyboardInterrupt:
-            self._json.close()
-            self._spool.close()
-            self.final.unlink(missing_ok=True)
-            raise UsageError(
-                f"interrupted while writing {self.final}: every event is in the raw "
-                f"recording {self.path} (replay it with -r)"
-            ) from None
-        self._json.close()
-        self._spool.close()
-        self.path.unlink()
 
 
 def _open(path: Path) -> tuple[IO[bytes], Callable[[bool], None]]:
@@ -313,32 +228,53 @@ def _open(path: Path) -> tuple[IO[bytes], Callable[[bool], None]]:
     return f, lambda check: f.close()
 
 
-def read_events(path: str | Path) -> Iterator[Syscall]:
-    """The recorded events in order; UsageError naming the line for a bad file."""
+def _header(p: Path, stream: IO[bytes]) -> tuple[dict[str, Any], int]:
+    """The header line of a recording (checked) and its length in bytes."""
+    first = stream.readline(_HEADER_MAX)
+    if not first:
+        raise UsageError(f"{p}: line 1: empty file, not a meridian syscalls recording")
+    header = _parse(p, 1, first)
+    if header.get("format") != FORMAT:
+        raise UsageError(
+            f"{p}: line 1 is not a meridian syscalls header "
+            "(recorded by another tool?): record with meridian syscalls -w"
+        )
+    version = header.get("version")
+    if version not in (VERSION, RAW_VERSION):
+        raise UsageError(
+            f"{p}: line 1: format version {version!r}, "
+            f"this meridian reads versions {VERSION} and {RAW_VERSION}"
+        )
+    return header, len(first)
+
+
+def _exists(path: str | Path) -> Path:
     p = Path(path)
     if not p.exists():
         raise UsageError(f"recording {p} does not exist")
+    return p
+
+
+def read_header(path: str | Path) -> dict[str, Any]:
+    """A recording's header (format, version, created, args, ...), checked."""
+    p = _exists(path)
     stream, done = _open(p)
     try:
-        first = stream.readline(_HEADER_MAX)
-        if not first:
-            raise UsageError(f"{p}: line 1: empty file, not a meridian syscalls recording")
-        header = _parse(p, 1, first)
-        if header.get("format") != FORMAT:
-            raise UsageError(
-                f"{p}: line 1 is not a meridian syscalls header "
-                "(recorded by another tool?): record with meridian syscalls -w"
-            )
-        version = header.get("version")
-        if version == RAW_VERSION:
-            yield from _raw_events(p, header, len(first), stream)
-        elif version == VERSION:
-            yield from _json_events(p, stream)
+        return _header(p, stream)[0]
+    finally:
+        done(False)
+
+
+def read_events(path: str | Path) -> Iterator[Syscall]:
+    """The recorded events in order; UsageError naming the line for a bad file."""
+    p = _exists(path)
+    stream, done = _open(p)
+    try:
+        header, at = _header(p, stream)
+        if header["version"] == RAW_VERSION:
+            yield from _raw_events(p, header, at, stream)
         else:
-            raise UsageError(
-                f"{p}: line 1: format version {version!r}, "
-                f"this meridian reads versions {VERSION} and {RAW_VERSION}"
-            )
+            yield from _json_events(p, stream)
     except UsageError:
         # At the end of the stream, a failed zstd (a cut-off frame) says why better.
         done(not stream.read(1))

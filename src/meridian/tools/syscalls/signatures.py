@@ -1,17 +1,21 @@
 """Argument kinds of the file-system syscalls: which argument is a path (read from
 user memory by the kernel program), an fd (resolved to a path in the kernel), flags,
-a mode. The kernel program learns the string and fd positions from this table."""
+a mode, an output the call fills in (read by the kernel at exit). The kernel program
+learns the string, fd and output positions from this table."""
 
 from __future__ import annotations
 
 from functools import lru_cache
 
 __all__ = [
+    "EXTRA_SIGNATURES",
     "FD_KINDS",
+    "OUT_KINDS",
     "SIGNATURES",
     "STRING_KINDS",
     "Kind",
     "fd_position",
+    "out_position",
     "signature",
     "string_positions",
 ]
@@ -20,9 +24,14 @@ Kind = str
 # path: a user path string; str: another user string (xattr name, memfd name);
 # fd / dirfd (AT_FDCWD or an fd); oflags (O_*); mode (octal); atflags (AT_*);
 # amode (F_OK, R_OK|W_OK); whence (SEEK_*); renflags (RENAME_*); prot (PROT_*);
-# mflags (MAP_*); int, uint, size, off: numbers; ptr: an address (0x..., NULL).
+# mflags (MAP_*); pflags (pipe2's O_*); family (AF_*); socktype (SOCK_*);
+# int, uint, size, off: numbers; ptr: an address (0x..., NULL);
+# outputs, read at a successful exit (else shown as an address): fds (int[2]),
+# statbuf (struct stat), statxbuf (struct statx).
 STRING_KINDS = frozenset({"path", "str"})
 FD_KINDS = frozenset({"fd", "dirfd"})
+# Output kinds and their enum syscalls_out value (bpf/syscalls.h).
+OUT_KINDS: dict[Kind, int] = {"fds": 1, "statbuf": 2, "statxbuf": 3}
 
 SIGNATURES: dict[str, tuple[Kind, ...]] = {
     "open": ("path", "oflags", "mode"),
@@ -42,11 +51,11 @@ SIGNATURES: dict[str, tuple[Kind, ...]] = {
     "preadv2": ("fd", "ptr", "int", "off", "off", "hex"),
     "pwritev2": ("fd", "ptr", "int", "off", "off", "hex"),
     "lseek": ("fd", "off", "whence"),
-    "stat": ("path", "ptr"),
-    "lstat": ("path", "ptr"),
-    "fstat": ("fd", "ptr"),
-    "newfstatat": ("dirfd", "path", "ptr", "atflags"),
-    "statx": ("dirfd", "path", "atflags", "hex", "ptr"),
+    "stat": ("path", "statbuf"),
+    "lstat": ("path", "statbuf"),
+    "fstat": ("fd", "statbuf"),
+    "newfstatat": ("dirfd", "path", "statbuf", "atflags"),
+    "statx": ("dirfd", "path", "atflags", "hex", "statxbuf"),
     "statfs": ("path", "ptr"),
     "fstatfs": ("fd", "ptr"),
     "access": ("path", "amode"),
@@ -117,12 +126,20 @@ SIGNATURES: dict[str, tuple[Kind, ...]] = {
     "memfd_create": ("str", "uint"),
 }
 
+# Calls outside the default (file-system) set that make fds, decoded when traced
+# (-e or --all): their fd arrays read at exit.
+EXTRA_SIGNATURES: dict[str, tuple[Kind, ...]] = {
+    "pipe": ("fds",),
+    "pipe2": ("fds", "pflags"),
+    "socketpair": ("family", "socktype", "int", "fds"),
+}
+
 _GENERIC: tuple[Kind, ...] = ("hex",) * 6
 
 
 def signature(name: str) -> tuple[Kind, ...]:
-    """Argument kinds; a syscall outside the table (--all) shows 6 hex words."""
-    return SIGNATURES.get(name, _GENERIC)
+    """Argument kinds; a syscall outside both tables (--all) shows 6 hex words."""
+    return SIGNATURES.get(name) or EXTRA_SIGNATURES.get(name, _GENERIC)
 
 
 @lru_cache(maxsize=1024)
@@ -138,3 +155,13 @@ def fd_position(name: str) -> int:
         if k in FD_KINDS:
             return i
     return -1
+
+
+@lru_cache(maxsize=1024)
+def out_position(name: str) -> tuple[int, int]:
+    """Position of the output the kernel reads at exit and its enum syscalls_out
+    value, or (-1, 0)."""
+    for i, k in enumerate(signature(name)):
+        if k in OUT_KINDS:
+            return i, OUT_KINDS[k]
+    return -1, 0

@@ -13,7 +13,8 @@ from .fmt import compact_line, full_line, to_json
 from .log import Aggregator, Source
 from .options import Options, build_filter
 from .record import Syscall
-from .recording import Recorder, SpooledJsonRecorder, read_events
+from .recording import Recorder, read_events
+from .spool import SpooledJsonRecorder
 
 __all__ = ["Pipeline", "replay", "summary"]
 

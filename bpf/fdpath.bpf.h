@@ -1,0 +1,145 @@
+/* The path of an open file as the kernel names it (/proc/PID/fd), shared by the tools
+ * that resolve file names in the kernel (syscalls, io). Needs task.bpf.h.
+ *
+ * The includer defines, before including it:
+ *   FDPATH_LEN       bytes of a path with its NUL (a power of 2)
+ *   FDPATH_DEPTH     names walked up from the file (a power of 2)
+ *   FDPATH_MAX_BASE  the largest `base` passed to fdpath_write()
+ *   static __always_inline char *fdpath_dest(void)
+ *                    the destination area, looked up again in the bpf_loop()
+ *                    callbacks (a map value: a pointer cannot be passed to them); it has
+ *                    room for FDPATH_MAX_BASE + 2 * FDPATH_LEN bytes, as the writes are
+ *                    bounded by masks, not by the room left.
+ * and calls fdpath_write(f, dest, base) with dest == fdpath_dest().
+ *
+ * A file on a mounted file system: its dentries walked up to the root, across mounts,
+ * " (deleted)" appended when it is unlinked (d_path()). A file whose dentry names
+ * itself (d_op->d_dname, the pseudo files of internal file systems): the name composed
+ * here as the kernel's d_dname would, by the super block's magic (fdpath_dname.bpf.h). */
+#ifndef MERIDIAN_FDPATH_BPF_H
+#define MERIDIAN_FDPATH_BPF_H
+
+static __always_inline struct dentry *as_dentry(__u64 p)
+{
+	return bpf_rdonly_cast((void *)p, bpf_core_type_id_kernel(struct dentry));
+}
+
+static __always_inline struct mount *as_mount(__u64 p)
+{
+	return bpf_rdonly_cast((void *)p, bpf_core_type_id_kernel(struct mount));
+}
+
+/* A name kept inside its dentry (d_shortname, under 40 bytes: most names) copied as
+ * five word loads and stores, with no helper call; the bytes past it are overwritten by
+ * what follows. Returns its length, or -1 when the name lives elsewhere (a long name,
+ * or a kernel before 6.14, which calls the field d_iname). */
+static __always_inline long copy_short_name(__u64 p, char *to)
+{
+	struct dentry *d = as_dentry(p);
+	__u32 len = d->d_name.len;
+	__u64 *out = (__u64 *)to;
+
+	if (!bpf_core_field_exists(struct dentry, d_shortname) ||
+	    (__u64)d->d_name.name != p + bpf_core_field_offset(struct dentry, d_shortname) ||
+	    len >= sizeof(d->d_shortname))
+		return -1;
+	out[0] = d->d_shortname.words[0];
+	out[1] = d->d_shortname.words[1];
+	out[2] = d->d_shortname.words[2];
+	out[3] = d->d_shortname.words[3];
+	out[4] = d->d_shortname.words[4];
+	return len;
+}
+
+/* Walking a file's dentries up to the root, then writing their names down from it,
+ * straight into fdpath_dest() at [base]: two bpf_loop() callbacks, each verified once
+ * (bounded loops in place of them exceed the verifier's budget). Kernel pointers are
+ * kept as numbers and retyped with bpf_rdonly_cast where they are read. */
+struct fdpath_walk {
+	__u64 d;	/* struct dentry * */
+	__u64 mnt;	/* struct mount * */
+	__u32 n;	/* dentries in chain, leaf first */
+	__u32 off;	/* bytes of the path written */
+	__u32 base;	/* where the path starts in the destination (at most FDPATH_MAX_BASE) */
+	__u64 chain[FDPATH_DEPTH];
+};
+
+static long fdpath_walk_up(__u64 i, struct fdpath_walk *c)
+{
+	struct mount *mnt = as_mount(c->mnt);
+	__u64 parent, mnt_parent;
+
+	if (c->d == (__u64)mnt->mnt.mnt_root) {
+		mnt_parent = (__u64)mnt->mnt_parent;
+		if (mnt_parent == c->mnt)
+			return 1;	/* the root of everything */
+		c->d = (__u64)mnt->mnt_mountpoint;
+		c->mnt = mnt_parent;
+		return 0;
+	}
+	parent = (__u64)as_dentry(c->d)->d_parent;
+	if (parent == c->d || c->n >= FDPATH_DEPTH)
+		return 1;	/* a disconnected root, or too deep */
+	c->chain[c->n & (FDPATH_DEPTH - 1)] = c->d;
+	c->n++;
+	c->d = parent;
+	return 0;
+}
+
+static long fdpath_write_down(__u64 k, struct fdpath_walk *c)
+{
+	__u32 at, base = c->base;
+	char *dest = fdpath_dest();
+	__u64 d;
+	long len;
+
+	if (!dest || k >= c->n || c->off >= FDPATH_LEN - 1 || base > FDPATH_MAX_BASE)
+		return 1;
+	d = c->chain[(c->n - 1 - k) & (FDPATH_DEPTH - 1)];
+	at = base + (c->off & (FDPATH_LEN - 1));
+	dest[at] = '/';
+	c->off++;
+	at = base + (c->off & (FDPATH_LEN - 1));
+	len = copy_short_name(d, &dest[at]);
+	if (len < 0)
+		len = bpf_probe_read_kernel_str(&dest[at], FDPATH_LEN,
+						as_dentry(d)->d_name.name) - 1;
+	if (len > 0)
+		c->off += len;
+	return 0;
+}
+
+#include "fdpath_dname.bpf.h"	/* fdpath_dname(): the names of pseudo files */
+
+/* f's path at dest[base] (dest: fdpath_dest(), base at most FDPATH_MAX_BASE),
+ * NUL-terminated: its length with the NUL, 0 when f is NULL. */
+static __always_inline long fdpath_write(struct file *f, char *dest, __u32 base)
+{
+	struct fdpath_walk c = {};
+	struct dentry *d;
+	long n;
+
+	if (!f || base > FDPATH_MAX_BASE)
+		return 0;
+	d = f->f_path.dentry;
+	n = fdpath_dname(f, d, dest, base);
+	if (n > 0)
+		return n;
+	c.d = (__u64)d;
+	c.mnt = (__u64)container_of(f->f_path.mnt, struct mount, mnt);
+	c.base = base;
+	bpf_loop(FDPATH_DEPTH + 16, fdpath_walk_up, &c, 0);
+	if (c.n == 0) {
+		dest[base] = '/';
+		c.off = 1;
+	} else {
+		bpf_loop(FDPATH_DEPTH, fdpath_write_down, &c, 0);
+	}
+	if (c.off > FDPATH_LEN - 1)
+		c.off = FDPATH_LEN - 1;
+	c.off = fdpath_deleted(d, dest, base, c.off);
+	dest[base + (c.off & (FDPATH_LEN - 1))] = 0;
+	return c.off + 1;
+}
+
+#endif /* MERIDIAN_FDPATH_BPF_H */

@@ -1,0 +1,103 @@
+/* Part of fdpath.bpf.h (included there): the names of files whose dentry names itself
+ * (d_op->d_dname), composed here as the kernel does (fs/d_path.c d_path()), picked by
+ * the super block's magic, since the d_dname functions are not addressable here:
+ *   pipefs   pipe:[ino]                  fs/pipe.c pipefs_dname()
+ *   sockfs   socket:[ino]                net/socket.c sockfs_dname()
+ *   anon     anon_inode:NAME             fs/anon_inodes.c (eventfd, eventpoll, timerfd,
+ *                                        signalfd, io_uring, inotify, bpf-map, ...)
+ *   pidfs    anon_inode:[pidfd]          fs/pidfs.c pidfs_dname()
+ *   nsfs     TYPE:[ino]                  fs/nsfs.c ns_dname() (net:[4026531833])
+ *   dmabuf   /NAME:BUFNAME               drivers/dma-buf dmabuffs_dname()
+ *   others   /NAME (deleted)             simple_dname(): alloc_file_pseudo() files on a
+ *                                        super block without dentry operations (memfd,
+ *                                        SysV shm, shared /dev/zero maps, secretmem)
+ * These are the only d_dname functions in the kernel (6.18). */
+#ifndef MERIDIAN_FDPATH_DNAME_BPF_H
+#define MERIDIAN_FDPATH_DNAME_BPF_H
+
+#define FDPATH_PIPEFS_MAGIC 0x50495045
+#define FDPATH_SOCKFS_MAGIC 0x534F434B
+#define FDPATH_ANON_INODE_FS_MAGIC 0x09041934
+#define FDPATH_PID_FS_MAGIC 0x50494446
+#define FDPATH_NSFS_MAGIC 0x6e736673
+#define FDPATH_DMA_BUF_MAGIC 0x444d4142
+
+static const char fdpath_fmt_pipe[] = "pipe:[%lu]";
+static const char fdpath_fmt_socket[] = "socket:[%lu]";
+static const char fdpath_fmt_anon[] = "anon_inode:%s";
+static const char fdpath_fmt_pidfd[] = "anon_inode:[pidfd]";
+static const char fdpath_fmt_ns[] = "%s:[%lu]";
+static const char fdpath_fmt_dmabuf[] = "/%s:%s";
+static const char fdpath_fmt_dmabuf_anon[] = "/%s:";
+static const char fdpath_fmt_simple[] = "/%s (deleted)";
+
+/* d's name at dest[base] when d names itself: its length with the NUL, else 0. */
+static __always_inline long fdpath_dname(struct file *f, struct dentry *d, char *dest,
+					 __u32 base)
+{
+	const struct dentry_operations *op = d->d_op;
+	struct inode *inode = d->d_inode;
+	__u64 data[2] = {};
+	const char *fmt = fdpath_fmt_simple;
+	struct ns_common *ns;
+	struct dma_buf *db;
+	long n;
+
+	if (!op || !op->d_dname || base > FDPATH_MAX_BASE)
+		return 0;
+	if (d == d->d_parent && d == f->f_path.mnt->mnt_root)
+		return 0;	/* the root of a mount: walked as a path */
+	data[0] = (__u64)d->d_name.name;
+	switch (d->d_sb->s_magic) {
+	case FDPATH_PIPEFS_MAGIC:
+		data[0] = inode ? inode->i_ino : 0;
+		fmt = fdpath_fmt_pipe;
+		break;
+	case FDPATH_SOCKFS_MAGIC:
+		data[0] = inode ? inode->i_ino : 0;
+		fmt = fdpath_fmt_socket;
+		break;
+	case FDPATH_ANON_INODE_FS_MAGIC:
+		fmt = fdpath_fmt_anon;
+		break;
+	case FDPATH_PID_FS_MAGIC:
+		fmt = fdpath_fmt_pidfd;
+		break;
+	case FDPATH_NSFS_MAGIC:
+		if (!inode)
+			return 0;
+		ns = bpf_rdonly_cast(inode->i_private, bpf_core_type_id_kernel(struct ns_common));
+		data[0] = (__u64)ns->ops->name;
+		data[1] = inode->i_ino;
+		fmt = fdpath_fmt_ns;
+		break;
+	case FDPATH_DMA_BUF_MAGIC:
+		db = bpf_rdonly_cast(d->d_fsdata, bpf_core_type_id_kernel(struct dma_buf));
+		data[1] = (__u64)db->name;
+		fmt = data[1] ? fdpath_fmt_dmabuf : fdpath_fmt_dmabuf_anon;
+		break;
+	}
+	n = bpf_snprintf(&dest[base], FDPATH_LEN, fmt, data, sizeof(data));
+	if (n <= 0)
+		return 0;
+	return n > FDPATH_LEN ? FDPATH_LEN : n;
+}
+
+/* A walked path of `off` bytes at dest[base] gets " (deleted)" when its file was
+ * unlinked (d_unlinked(): unhashed and not a root), as /proc shows it; the new length. */
+static __always_inline __u32 fdpath_deleted(struct dentry *d, char *dest, __u32 base,
+					    __u32 off)
+{
+	const char tail[] = " (deleted)";
+	__u32 i;
+
+	if (d->d_hash.pprev || d->d_parent == d || base > FDPATH_MAX_BASE)
+		return off;
+	if (off > FDPATH_LEN - sizeof(tail))
+		off = FDPATH_LEN - sizeof(tail);
+	for (i = 0; i < sizeof(tail) - 1; i++)
+		dest[base + ((off + i) & (FDPATH_LEN - 1))] = tail[i];
+	return off + sizeof(tail) - 1;
+}
+
+#endif /* MERIDIAN_FDPATH_DNAME_BPF_H */
