@@ -74,26 +74,28 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_options_are_checked_with_one_line_errors() -> None:
-    o = from_args(_args("--prometheus", ":9435", "--otlp-endpoint", "localhost"))
-    assert o.prometheus == ("0.0.0.0", 9435)
+    port = _free_port()
+    o = from_args(_args("--prometheus", f":{port}", "--otlp-endpoint", "http://localhost"))
+    assert o.prometheus == ("0.0.0.0", port)
     assert o.otlp_endpoint == "http://localhost:4317"
     o = from_args(
         _args(
-            *("--otlp-endpoint", "https://c.example:1234/", "--otlp-protocol", "http/protobuf"),
+            *("--otlp-endpoint", "https://127.0.0.1:1234/", "--otlp-protocol", "http/protobuf"),
             *("--otlp-header", "Authorization=Bearer x=y", "--otlp-interval", "2.5"),
         )
     )
-    assert o.otlp_endpoint == "https://c.example:1234"
+    assert o.otlp_endpoint == "https://127.0.0.1:1234"
     assert o.otlp_headers == {"authorization": "Bearer x=y"} and o.otlp_interval == 2.5
-    assert check_endpoint("127.0.0.1", "http/protobuf") == "http://127.0.0.1:4318"
+    assert check_endpoint("http://127.0.0.1", "http/protobuf") == "http://127.0.0.1:4318"
+    assert check_endpoint("https://[::1]:9/otlp/", "http/protobuf") == "https://[::1]:9/otlp"
     for argv, needle in [
         (["--prometheus", "abc"], "[HOST]:PORT"),
         (["--prometheus", ":70000"], "[HOST]:PORT"),
-        (["--otlp-endpoint", "ftp://x"], "URL"),
-        (["--otlp-endpoint", "http://x:99999"], "bad port"),
-        (["--otlp-endpoint", "http://x", "--otlp-header", "novalue"], "KEY=VALUE"),
-        (["--otlp-endpoint", "http://x", "--otlp-interval", "0"], "--otlp-interval"),
-        (["--otlp-endpoint", "http://x", "--otlp-interval", "x"], "--otlp-interval"),
+        (["--otlp-endpoint", "ftp://x"], "the scheme must be http or https"),
+        (["--otlp-endpoint", "http://127.0.0.1:99999"], "from 1 to 65535"),
+        (["--otlp-endpoint", "http://localhost", "--otlp-header", "novalue"], "KEY=VALUE"),
+        (["--otlp-endpoint", "http://[::1]", "--otlp-interval", "0"], "--otlp-interval"),
+        (["--otlp-endpoint", "http://127.0.0.1", "--otlp-interval", "x"], "--otlp-interval"),
         (["--otlp-logs"], "need --otlp-endpoint"),
     ]:
         with pytest.raises(UsageError, match=None) as e:
@@ -224,7 +226,8 @@ def test_unreachable_otlp_endpoint_says_so_once_and_loses_nothing() -> None:
     ("module", "argv", "extra"),
     [
         ("prometheus_client", ["--prometheus", ":9435"], "prometheus"),
-        ("opentelemetry.sdk", ["--otlp-endpoint", "http://127.0.0.1:4317"], "otlp"),
+        ("opentelemetry.proto", ["--otlp-endpoint", "http://127.0.0.1:4317"], "otlp"),
+        ("grpc", ["--otlp-endpoint", "http://127.0.0.1:4317"], "otlp"),
     ],
 )
 def test_missing_extra_is_one_line_with_the_pip_command(
@@ -241,8 +244,8 @@ def test_missing_extra_is_one_line_with_the_pip_command(
     ("argv", "needle"),
     [
         (["--prometheus", "abc"], "--prometheus takes [HOST]:PORT"),
-        (["--otlp-endpoint", "ftp://x"], "--otlp-endpoint takes a URL"),
-        (["--otlp-endpoint", "http://x", "--otlp-logs", "--no-events"], "--no-events"),
+        (["--otlp-endpoint", "ftp://x"], "--otlp-endpoint 'ftp://x': the scheme"),
+        (["--otlp-endpoint", "http://127.0.0.1", "--otlp-logs", "--no-events"], "--no-events"),
         (["--otlp-interval", "5"], "need --otlp-endpoint"),
     ],
 )
@@ -266,38 +269,6 @@ def test_validate_with_export_options_is_one_line_exit_2(tool: str) -> None:
     assert "validate exports nothing" in r.stderr
 
 
-LINE = (
-    '{"pid":7,"tid":8,"comm":"dd","op":"read","fd":3,"file":"/x","bytes":4096,'
-    '"bytes_requested":4096,"disk_bytes":0,"latency_ns":1500,"cached":true,'
-    '"io_wait_ns":0,"timestamp_ns":1000,"wall_time":"2026-11-22T04:00:00.000000Z"}'
-)
-
-
-def test_otlp_logs_carry_each_event_and_count_what_was_not_delivered() -> None:
-    from meridian.export.otlp import OtlpLogs
-
-    with grpc_receiver() as (port, got):
-        err = io.StringIO()
-        logs = OtlpLogs("io", f"http://127.0.0.1:{port}", interval=0.2, err=err)
-        logs.emit_json_lines(LINE + "\n" + LINE.replace('"op":"read"', '"op":"write"') + "\n")
-        logs.close()
-    assert err.getvalue() == ""
-    recs = got.log_records()
-    assert len(recs) == 2 and recs[0].body.string_value == LINE
-    a = {kv.key: kv.value for kv in recs[1].attributes}
-    assert a["process.pid"].int_value == 7 and a["disk.io.direction"].string_value == "write"
-    assert a["file.path"].string_value == "/x" and a["meridian.io.cached"].bool_value
-    assert recs[0].time_unix_nano == 1000 + logs.offset_ns
-
-    err = io.StringIO()
-    logs = OtlpLogs("io", f"http://127.0.0.1:{_free_port()}", interval=0.2, err=err)
-    logs.emit_json_lines(LINE + "\n" + LINE + "\n" + LINE + "\n")
-    logs.close()
-    lines = err.getvalue().splitlines()
-    assert len(lines) == 2 and "retrying" in lines[0]
-    assert lines[1] == "meridian: 3 of 3 OTLP log records were not delivered"
-
-
 def test_sparse_le_buckets_keep_every_bound_around_non_empty_slots() -> None:
     from meridian.export.prometheus import log2_le_buckets
 
@@ -312,7 +283,7 @@ def test_sparse_le_buckets_keep_every_bound_around_non_empty_slots() -> None:
     assert log2_le_buckets(HistPoint({}, np.zeros(4, np.uint64), 1.0, 0.0)) == [("+Inf", 0)]
 
 
-def test_max_pids_caps_io_series_into_comm_then_other() -> None:
+def test_metrics_cap_keeps_the_busiest_and_sums_the_rest_into_other() -> None:
     from meridian.tools.io.metrics import capped, io_series
     from meridian.tools.io.model import OpStats, PidSummary
 
@@ -326,13 +297,15 @@ def test_max_pids_caps_io_series_into_comm_then_other() -> None:
         4: proc(4, "cat", 5),
         5: proc(5, "ls", 1),
     }
-    rows = capped(pids, 1)
-    assert [(a, ps.total().bytes) for a, ps in rows] == [
-        ({"process.pid": 1, "process.executable.name": "big"}, 1000),
-        ({"process.executable.name": "dd"}, 30),
-        ({"process.executable.name": "other"}, 6),
+    rows = capped(pids, 3)  # at most 3 groups: the 2 busiest, then the other 3 summed
+    assert [(a, ps.total().bytes, ps.total().ops) for a, ps in rows] == [
+        ({"process.pid": 1, "process.executable.name": "big"}, 1000, 1),
+        ({"process.pid": 3, "process.executable.name": "dd"}, 20, 1),
+        ({"process.pid": "other", "process.executable.name": "other"}, 16, 3),
     ]
-    assert len(capped(pids, None)) == len(pids)
-    fams = {f.name: f for f in io_series(pids, {}, 0, max_series=1)}
-    total = sum(p.value for p in fams["process.disk.io"].points if isinstance(p, Point))
-    assert total == sum(ps.total().bytes for ps in pids.values())  # nothing lost by capping
+    assert len(capped(pids, None)) == len(capped(pids, 5)) == len(pids)
+    assert len(capped(pids, 1)) == 1
+    fams = {f.name: f for f in io_series(pids, {}, 0, max_series=2)}
+    points = [p for p in fams["process.disk.io"].points if isinstance(p, Point)]
+    assert len(points) == 2
+    assert sum(p.value for p in points) == sum(ps.total().bytes for ps in pids.values())

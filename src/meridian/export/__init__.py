@@ -1,10 +1,14 @@
-"""Exporters shared by every tool: a Prometheus endpoint read on scrape and OTLP
-metrics (and logs) through the OpenTelemetry SDK, both fed by a tool's `Source`.
+"""Exporters shared by every tool: a Prometheus endpoint read on scrape, OTLP metrics
+from the aggregates (both fed by a tool's `Source`) and OTLP logs from events.
 
   series.py      the families a tool's source returns (OpenTelemetry names)
-  prometheus.py  /metrics with the collector pattern, OpenTelemetry -> Prometheus names
-  otlp.py        OTLP metrics from the aggregates, OTLP logs from events
-  options.py     the shared command-line options and `exporting()`
+  exposition.py  Prometheus names and the text format, rendered from the families
+  prometheus.py  the /metrics server (and prometheus_client's collector, for sentinel)
+  otlp.py        OTLP metrics, the endpoint check
+  logs.py        OTLP logs: bounded queue, background sender, every record accounted
+  wire.py        log records in protobuf wire format, encoded a column at a time
+  transport.py   one request to a collector, gRPC or HTTP/protobuf, within a deadline
+  options.py     the shared command-line options, `exporting()` and the final flush
 """
 
 from .options import Exporters, ExportOptions, add_arguments, exporting, from_args

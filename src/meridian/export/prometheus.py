@@ -1,76 +1,42 @@
-"""The Prometheus endpoint: prometheus_client's collector pattern, so the kernel maps
-are read on each scrape and nothing is kept between scrapes.
+"""The Prometheus endpoint: the source (the kernel maps) is read on each scrape and
+nothing is kept between scrapes.
 
-Names follow OpenTelemetry's Prometheus compatibility rules: dots become underscores,
-the unit becomes a suffix (`By` -> `_bytes`, `s` -> `_seconds`, `1` -> `_ratio` on
-gauges; annotations such as `{operation}` add nothing), counters end in `_total`.
-So `process.disk.io` in bytes is `process_disk_io_bytes_total`, and the attribute
-`process.pid` is the label `process_pid`. Histograms are Prometheus histograms in
-seconds whose `le` bounds are the kernel's log2 slot bounds.
+Two renderers: the tools' exporters (`exporting()`) serve the text format rendered
+straight from the families (exposition.py: fast at thousands of series); sentinel's
+OpenMetrics endpoint goes through prometheus_client's collector pattern (`families`,
+`SeriesCollector`), which negotiates OpenMetrics with the scraper.
 """
 
 from __future__ import annotations
 
-import re
+import gzip
+import socket
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ..errors import ExtraMissing, UsageError
+from .exposition import (
+    CONTENT_TYPE,
+    label_value,
+    log2_le_buckets,
+    prom_label,
+    prom_name,
+    render,
+)
 from .series import HistPoint, Point, Source
 
 __all__ = [
     "PrometheusServer",
     "SeriesCollector",
+    "check_listen",
     "families",
     "log2_le_buckets",
     "parse_listen",
     "prom_label",
     "prom_name",
 ]
-
-UNIT_SUFFIX = {"By": "bytes", "s": "seconds", "1": "ratio"}
-
-
-def prom_name(name: str, unit: str, kind: str) -> str:
-    """The Prometheus name of an OpenTelemetry metric, without a counter's `_total`."""
-    base = re.sub(r"[^a-zA-Z0-9_:]", "_", name)
-    suffix = UNIT_SUFFIX.get(unit)
-    if suffix == "ratio" and kind != "gauge":
-        suffix = None
-    if suffix and not base.endswith("_" + suffix):
-        base += "_" + suffix
-    return base
-
-
-def prom_label(key: str) -> str:
-    return re.sub(r"[^a-zA-Z0-9_]", "_", key)
-
-
-def _label_value(v: str | int | bool) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
-
-
-def log2_le_buckets(p: HistPoint) -> list[tuple[str, int]]:
-    """Cumulative `le` buckets in seconds for the kernel's log2 slots, sparse: the upper
-    bound of each non-empty slot and of the slot below it, then +Inf (which also holds
-    the last slot). The bounds left out sit between two equal cumulative counts, so
-    `histogram_quantile` gives what it would with all of them; a series of 40 slots
-    does not become 41 series per label set, and a bound once shown stays (counts only
-    grow)."""
-    counts = [int(n) for n in p.slots.tolist()]
-    last = len(counts) - 1  # the overflow slot: only in +Inf
-    keep = {j for i, n in enumerate(counts[:last]) if n for j in (i - 1, i) if j >= 0}
-    if last >= 1 and counts[last]:
-        keep.add(last - 1)
-    out, cum = [], 0
-    for i in range(last):
-        cum += counts[i]
-        if i in keep:
-            out.append((repr(float(1 << (i + 1)) * p.scale), cum))
-    out.append(("+Inf", p.count))
-    return out
 
 
 def families(source: Source) -> Iterator[Any]:
@@ -89,14 +55,14 @@ def families(source: Source) -> Iterator[Any]:
             h = HistogramMetricFamily(name, fam.description, labels=labels)
             for p in fam.points:
                 assert isinstance(p, HistPoint)
-                h.add_metric([_label_value(p.attrs[k]) for k in keys], log2_le_buckets(p), p.sum)
+                h.add_metric([label_value(p.attrs[k]) for k in keys], log2_le_buckets(p), p.sum)
             yield h
             continue
         cls = CounterMetricFamily if fam.kind == "counter" else GaugeMetricFamily
         m = cls(name, fam.description, labels=labels)
         for p in fam.points:
             assert isinstance(p, Point)
-            m.add_metric([_label_value(p.attrs[k]) for k in keys], p.value)
+            m.add_metric([label_value(p.attrs[k]) for k in keys], p.value)
         yield m
 
 
@@ -119,13 +85,93 @@ def parse_listen(value: str, option: str = "--prometheus") -> tuple[str, int]:
     return host or "0.0.0.0", int(port)
 
 
+def _bind_error(option: str, where: tuple[str, int], exc: OSError, hint: str = "") -> UsageError:
+    what = exc.strerror or str(exc)
+    return UsageError(f"{option} cannot listen on {where[0]}:{where[1]}: {what}{hint}")
+
+
+def _family(where: tuple[str, int]) -> int:
+    """AF_INET or AF_INET6 for the host (a gaierror, an OSError, when it has none)."""
+    infos = socket.getaddrinfo(where[0], where[1], type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    return int(infos[0][0])
+
+
+def check_listen(where: tuple[str, int], option: str = "--prometheus") -> None:
+    """Bind the address once and let it go, so that a host that does not resolve or a
+    port in use is a one-line error at start, before the kernel programs load."""
+    try:
+        with socket.socket(_family(where), socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(where)
+    except OSError as exc:
+        hint = "; choose another [HOST]:PORT (e.g. :9436)"
+        raise _bind_error(option, where, exc, hint) from None
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    source: Source
+
+    def __init__(self, where: tuple[str, int]) -> None:
+        self.address_family = _family(where)
+        super().__init__(where, _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """GET /metrics (or /): the source rendered now, gzip when the scraper takes it."""
+
+    server: _Server
+
+    def do_GET(self) -> None:
+        if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+            self.send_error(404)
+            return
+        try:
+            body = render(self.server.source()).encode()
+        except Exception as exc:  # a failed read is a 500 for this scrape, not the end
+            self.send_error(500, f"{type(exc).__name__}: {exc}")
+            return
+        gz = "gzip" in self.headers.get("Accept-Encoding", "")
+        if gz:
+            body = gzip.compress(body, compresslevel=1)
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        if gz:
+            self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
 class PrometheusServer:
-    """Serves /metrics from a thread until `close()`. A port in use is a UsageError."""
+    """Serves /metrics from a thread until `close()`. A port in use is a UsageError.
+
+    `fast` (what `exporting()` uses): the text format rendered by exposition.py.
+    Otherwise prometheus_client's server and collector (OpenMetrics when asked)."""
 
     def __init__(
-        self, source: Source, where: tuple[str, int], option: str = "--prometheus"
+        self,
+        source: Source,
+        where: tuple[str, int],
+        option: str = "--prometheus",
+        fast: bool = False,
     ) -> None:
         """`option` names the flag in errors (each tool's own: --metrics-port ...)."""
+        self.server: Any
+        if fast:
+            try:
+                self.server = _Server(where)
+            except OSError as exc:
+                raise _bind_error(option, where, exc) from None
+            self.server.source = source
+            self.thread = threading.Thread(
+                target=self.server.serve_forever, name="prometheus", daemon=True
+            )
+            self.thread.start()
+            return
         try:
             from prometheus_client import CollectorRegistry, start_http_server
         except ImportError:
@@ -135,9 +181,7 @@ class PrometheusServer:
         try:
             self.server, self.thread = start_http_server(where[1], addr=where[0], registry=registry)
         except OSError as exc:
-            raise UsageError(
-                f"{option} cannot listen on {where[0]}:{where[1]}: {exc.strerror}"
-            ) from None
+            raise _bind_error(option, where, exc) from None
 
     @property
     def port(self) -> int:

@@ -4,9 +4,11 @@ the OpenTelemetry semantic conventions (`process.disk.io` and its neighbours).
 `io_series()` is the one place that decides what is exported; it reads per-PID
 summaries (`summarize()` over the kernel's per-(PID, op, cached) aggregate map, read on
 each collection; processes the PID table retired are already deleted from that map).
-With `--max-pids N` (`capped()`) the N processes with the most bytes keep series of
-their own, the others are summed per command name (no `process.pid` attribute, at most
-N of those) and the rest into one series with `process.executable.name` = `other`.
+With more than `--metrics-max-pids N` processes (default 100, `capped()`) the N-1
+processes with the most bytes keep series of their own and the rest are summed into
+one group whose `process.pid` and `process.executable.name` are `other`: a scrape
+holds at most N groups however many processes run (the table's `--max-pids`, with its
+per-command rows, is for people; this is for a time-series store).
 
 | OpenTelemetry name                  | Prometheus name                               | attributes |
 | ----------------------------------- | --------------------------------------------- | ---------- |
@@ -32,19 +34,36 @@ last times are Unix times in seconds; latency buckets are the kernel's log2 nano
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ...export.series import Attrs, Family, HistPoint, Point, Source
 from ...hist import Log2Hist
 from ...reporting import duration_family
 from .block import BlockStats, capped_block, summarize_block
-from .model import OPS, PidSummary, summarize
+from .model import OPS, PidSummary, summarize, summarize_processes
+from .writeback import by_process, summarize_writeback
 
 if TYPE_CHECKING:
     from .kernel import FileIO
 
-__all__ = ["block_series", "capped", "io_series", "io_source"]
+__all__ = [
+    "OTHER",
+    "block_series",
+    "capped",
+    "io_series",
+    "io_source",
+    "series_of",
+    "snapshot_groups",
+]
+
+OTHER = "other"
+OTHER_ATTRS: dict[str, str | int | bool] = {"process.pid": OTHER, "process.executable.name": OTHER}
+
+
+Group = tuple[dict[str, str | int | bool], PidSummary]  # series attributes, what they sum
 
 
 def latency_point(attrs: Attrs, hist: Log2Hist, sum_ns: int, max_ns: int) -> HistPoint:
@@ -52,30 +71,60 @@ def latency_point(attrs: Attrs, hist: Log2Hist, sum_ns: int, max_ns: int) -> His
     return HistPoint(attrs, hist.slots, 1e-9, sum_ns / 1e9, max_ns / 1e9)
 
 
-def capped(
-    pids: Mapping[int, PidSummary], max_series: int | None
-) -> list[tuple[dict[str, str | int | bool], PidSummary]]:
-    """(attributes, summary) per series: one per process, or capped as the module says.
-    Ranked by cumulative bytes, so a steady process keeps its series."""
+def capped(pids: Mapping[int, PidSummary], max_series: int | None) -> list[Group]:
+    """(attributes, summary) per series group: one per process, or with more than
+    `max_series` processes the `max_series - 1` with the most cumulative bytes (so a
+    steady process keeps its series) and one sum of the rest, `process.pid` = "other".
+    So a scrape never holds more groups than `max_series`, however many processes."""
     ranked = sorted(pids.values(), key=lambda ps: (-ps.total().bytes, ps.pid))
 
-    def own(ps: PidSummary) -> tuple[dict[str, str | int | bool], PidSummary]:
+    def own(ps: PidSummary) -> Group:
         return {"process.pid": ps.pid, "process.executable.name": ps.comm}, ps
 
     if max_series is None or len(ranked) <= max_series:
         return [own(ps) for ps in ranked]
-    groups: dict[str, PidSummary] = {}
-    for ps in ranked[max_series:]:
-        groups.setdefault(ps.comm, PidSummary(0, ps.comm)).merge(ps)
-    by_bytes = sorted(groups.values(), key=lambda g: (-g.total().bytes, g.comm))
-    out = [own(ps) for ps in ranked[:max_series]]
-    out += [({"process.executable.name": g.comm}, g) for g in by_bytes[:max_series]]
-    if len(by_bytes) > max_series:
-        other = PidSummary(0, "other")
-        for g in by_bytes[max_series:]:
-            other.merge(g)
-        out.append(({"process.executable.name": "other"}, other))
-    return out
+    keep = max_series - 1
+    other = PidSummary(0, OTHER)
+    for ps in ranked[keep:]:
+        other.merge(ps)
+    return [*(own(ps) for ps in ranked[:keep]), (dict(OTHER_ATTRS), other)]
+
+
+def snapshot_groups(
+    keys: np.ndarray[Any, Any], vals: np.ndarray[Any, Any], max_series: int | None
+) -> list[Group]:
+    """`capped(summarize(keys, vals), max_series)` straight from the aggregate map's
+    snapshot: processes are ranked with numpy, only the kept ones become summaries,
+    and the rest are summed per (op, cached) cell by treating all their rows as the
+    CPUs of one key (summarize sums over CPUs), so a scrape of 1,000 processes costs
+    about what one of `max_series` does."""
+    n = len(keys)
+    if not n:
+        return []
+    pid = keys["pid"].astype(np.int64)
+    start = keys["start"].astype(np.int64)
+    uniq, inv = np.unique(pid, return_inverse=True)
+    inv = inv.reshape(-1)
+    newest = np.full(len(uniq), -1, dtype=np.int64)
+    np.maximum.at(newest, inv, start)
+    live = start == newest[inv]  # the newest process of each PID, as summarize() keeps
+    if max_series is None or len(uniq) <= max_series:
+        return capped(summarize(keys, vals), max_series)
+    rows = vals.reshape(n, -1)
+    per_key = rows["bytes"].sum(axis=1).astype(np.int64)
+    per_pid = np.zeros(len(uniq), dtype=np.int64)
+    np.add.at(per_pid, inv[live], per_key[live])
+    keep = uniq[np.lexsort((uniq, -per_pid))[: max_series - 1]]
+    kept = live & np.isin(pid, keep)
+    groups = capped(summarize(keys[kept], vals[kept]), None)
+    other = PidSummary(0, OTHER)
+    rest = live & ~kept
+    cells = zip(keys["op"][rest].tolist(), keys["cached"][rest].tolist(), strict=True)
+    for op, cached in set(cells):
+        m = rest & (keys["op"] == op) & (keys["cached"] == cached)
+        for ps in summarize_processes(keys[m][:1], rows[m].reshape(1, -1)).values():
+            other.merge(ps)
+    return [*groups, (dict(OTHER_ATTRS), other)]
 
 
 def io_series(
@@ -85,6 +134,11 @@ def io_series(
     max_series: int | None = None,
 ) -> list[Family]:
     """The exported families for these per-PID summaries and drop counters."""
+    return series_of(capped(pids, max_series), lost, mono_to_unix_ns)
+
+
+def series_of(groups: list[Group], lost: Mapping[str, int], mono_to_unix_ns: int) -> list[Family]:
+    """The exported families of these series groups (`capped`, `snapshot_groups`)."""
     nbytes = Family("process.disk.io", "counter", "By", "Bytes read and written on regular files")
     ops = Family(
         "process.disk.operations",
@@ -103,7 +157,7 @@ def io_series(
     first = Family("process.disk.io.first_time", "gauge", "s", "Unix time of the first operation")
     last = Family("process.disk.io.last_time", "gauge", "s", "Unix time of the last operation")
     lost_f = Family("meridian.io.lost", "counter", "{record}", "Records dropped, by reason")
-    for proc, ps in capped(pids, max_series):
+    for proc, ps in groups:
         for op in OPS:
             t = ps.total(op)
             if not t.ops:
@@ -127,9 +181,13 @@ def io_series(
     return [nbytes, ops, lat, device, wait, ratio, first, last, lost_f]
 
 
-def block_series(stats: list[BlockStats], max_series: int | None = None) -> list[Family]:
-    """Device requests per submitting process. No semantic convention covers them, so
-    the names are Meridian's; the attributes are the conventional ones."""
+def block_series(
+    stats: list[BlockStats], max_series: int | None = None, writeback: Sequence[BlockStats] = ()
+) -> list[Family]:
+    """Device requests per submitting process, and (`meridian.io.writeback` true) those
+    written back on behalf of the process that dirtied the pages (writeback.py, summed
+    over devices). No semantic convention covers them, so the names are Meridian's; the
+    attributes are the conventional ones."""
     reqs = Family(
         "meridian.block.requests", "counter", "{request}", "Block requests by submitting process"
     )
@@ -137,13 +195,17 @@ def block_series(stats: list[BlockStats], max_series: int | None = None) -> list
     lat = duration_family(
         "meridian.block.request.duration", "Device latency of block requests, issue to completion"
     )
-    for b in capped_block(stats, max_series):
+    if max_series is not None and len({b.pid for b in stats}) > max_series:
+        stats = capped_block(stats, max_series - 1)  # and one `other` group
+    if max_series is not None and len({b.pid for b in writeback}) > max_series:
+        writeback = capped_block(list(writeback), max_series - 1)
+    for b, wb in [*((b, False) for b in stats), *((b, True) for b in writeback)]:
         attrs: dict[str, str | int | bool] = {
+            "process.pid": b.pid or OTHER,
             "process.executable.name": b.comm,
             "disk.io.direction": b.op,
+            "meridian.io.writeback": wb,
         }
-        if b.pid:
-            attrs["process.pid"] = b.pid
         reqs.points.append(Point(attrs, b.requests))
         nbytes.points.append(Point(attrs, b.bytes))
         lat.points.append(latency_point(attrs, b.hist, b.latency_sum_ns, b.latency_max_ns))
@@ -155,7 +217,9 @@ def io_source(tool: FileIO, max_series: int | None = None) -> Source:
     offset = time.time_ns() - time.monotonic_ns()
 
     def source() -> list[Family]:
-        files = io_series(summarize(*tool.stats()), tool.counters(), offset, max_series)
-        return files + block_series(summarize_block(*tool.disk_stats()), max_series)
+        groups = snapshot_groups(*tool.stats(), max_series)
+        files = series_of(groups, tool.counters(), offset)
+        wb = by_process(summarize_writeback(*tool.writeback_stats()))
+        return files + block_series(summarize_block(*tool.disk_stats()), max_series, wb)
 
     return source

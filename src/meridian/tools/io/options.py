@@ -7,7 +7,11 @@ from dataclasses import dataclass, field
 
 from ...export import ExportOptions
 
-__all__ = ["Options"]
+__all__ = ["DEFAULT_METRICS_MAX_PIDS", "Options"]
+
+# Process series groups in the exported metrics by default (--metrics-max-pids): a
+# scrape of 1,000 processes is then no bigger than one of 100.
+DEFAULT_METRICS_MAX_PIDS = 100
 
 
 @dataclass
@@ -29,6 +33,8 @@ class Options:
     interval: float = 1.0  # seconds between reads of the aggregate map
     grace: float = 30.0  # seconds an exited process stays before it is retired
     max_series: int | None = None  # --max-pids: rows of their own, then comm, then other
+    # --metrics-max-pids: process series groups in the exports (None: no cap).
+    metrics_max_series: int | None = DEFAULT_METRICS_MAX_PIDS
     top: bool = False
     sort: str = "bytes"
     workload: bool = False
