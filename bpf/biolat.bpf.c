@@ -15,7 +15,7 @@
 #include "biolat.h"
 
 const volatile bool targ_queued = false;	/* -Q: latency starts at insert */
-const volatile __u64 latency_unit_ns = 1000;	/* histogram slots of usecs (or msecs) */
+const volatile __u64 latency_unit_ns = 1000;	/* histogram buckets of usecs (or msecs) */
 const volatile bool filter_dev_on = false;
 const volatile __u32 filter_dev = 0;
 const volatile bool track_depth = false;	/* --depth: requests in flight per device */
@@ -38,7 +38,8 @@ struct req_state {
 };
 
 MAP_DEF(reqs, BPF_MAP_TYPE_HASH, struct req_key, struct req_state, 65536);
-MAP_DEF(hists, BPF_MAP_TYPE_HASH, struct biolat_key, struct biolat_hist, 16384);
+HIST_MAP_DEF(hists, BPF_MAP_TYPE_HASH, struct biolat_key, struct biolat_hist, 16384);
+MAP_DEF(sizes, BPF_MAP_TYPE_HASH, struct biolat_size_key, __u64, BIOLAT_SIZES);
 MAP_DEF(depth, BPF_MAP_TYPE_HASH, __u32, struct biolat_depth, 1024);
 MAP_DEF(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct biolat_counters, 1);
 
@@ -72,11 +73,25 @@ static __always_inline void hist_add(__u32 dev, enum biolat_op op, enum biolat_k
 		COUNT(hists_full);
 		return;
 	}
-	__sync_fetch_and_add(&h->slots[hist_slot(slot_value, BIOLAT_MAX_SLOTS)], 1);
+	__sync_fetch_and_add(&h->buckets[hist_bucket(slot_value, BIOLAT_BUCKETS)], 1);
 	__sync_fetch_and_add(&h->sum, sample);
 	__sync_fetch_and_add(&h->bytes, bytes);
-	if (sample > h->max)
-		h->max = sample;
+	atomic_min(&h->min, sample);
+	atomic_max(&h->max, sample);
+}
+
+/* One completed request of `bytes` into the exact size counts. */
+static __always_inline void size_add(__u32 dev, enum biolat_op op, __u32 bytes)
+{
+	struct biolat_size_key key = { .dev = dev, .op = op, .bytes = bytes };
+	static const __u64 zero;
+	__u64 *n = lookup_or_init(&sizes, &key, &zero);
+
+	if (!n) {
+		COUNT(sizes_full);
+		return;
+	}
+	__sync_fetch_and_add(n, 1);
 }
 
 /* The submitting thread allocates the request: remember who it was. */
@@ -183,6 +198,7 @@ static __always_inline struct biolat_event *complete_req(const struct req_key *k
 	start = targ_queued && st->insert_ns ? st->insert_ns : st->issue_ns;
 	lat = now - start;
 	hist_add(dev, op, BIOLAT_KIND_LATENCY, bytes, in_units(lat, latency_unit_ns), lat);
+	size_add(dev, op, bytes);
 	if (track_depth) {
 		d = bpf_map_lookup_elem(&depth, &dev);
 		if (d)

@@ -3,7 +3,11 @@
 #ifndef MERIDIAN_BIOLAT_H
 #define MERIDIAN_BIOLAT_H
 
-#define BIOLAT_MAX_SLOTS 32
+/* Log-linear buckets (bits.bpf.h) of values below 2^32 units (log2 slots 0-31, as
+ * before): 3.7 KB a value, in a map not preallocated (HIST_MAP_DEF): memory for the keys
+ * in use, not 16384 x 3.7 KB = 61 MB up front. */
+#define BIOLAT_BUCKETS ((1 + 32 - 4) * 16)
+#define BIOLAT_SIZES 4096	/* distinct (device, op, request size) counted exactly */
 #define BIOLAT_COMM_LEN 16
 #define BIOLAT_RWBS_LEN 8
 
@@ -31,10 +35,19 @@ struct biolat_key {
 };
 
 struct biolat_hist {
-	__u64 slots[BIOLAT_MAX_SLOTS];	/* log2(latency in usecs or msecs), or log2(depth) */
 	__u64 sum;	/* of latencies in ns, or of depths for BIOLAT_KIND_DEPTH */
+	__u64 min;	/* smallest latency in ns, or smallest depth; 0: none yet */
 	__u64 max;	/* largest latency in ns, or largest depth */
 	__u64 bytes;	/* bytes completed */
+	__u64 buckets[BIOLAT_BUCKETS];	/* latency in usecs or msecs, or depth; log-linear */
+};
+
+/* Requests completed per device, op and exact size in bytes (request sizes take few
+ * distinct values: counted exactly, not in buckets). */
+struct biolat_size_key {
+	__u32 dev;
+	enum biolat_op op;
+	__u32 bytes;
 };
 
 /* Per-device requests in flight (issued, not completed), as seen since attach. */
@@ -50,6 +63,7 @@ struct biolat_counters {
 	__u64 reqs_full;	/* in-flight requests not tracked: map full */
 	__u64 hists_full;	/* samples not counted: histogram map full */
 	__u64 requeued;		/* requests requeued after issue */
+	__u64 sizes_full;	/* completions whose size was not counted: `sizes` map full */
 };
 
 /* One slow request, streamed through the ring buffer (exercise 3). */

@@ -40,7 +40,7 @@ const volatile __u32 filter_pid = 0;		/* -p: thread group id, 0 = all */
  * it belongs to; a thread that finds another's tid there takes the slot over
  * (counted). */
 THREAD_SLOTS(starts, struct memlat_start);
-MAP_DEF(hists, BPF_MAP_TYPE_PERCPU_HASH, struct memlat_key, struct memlat_hist, 10240);
+HIST_MAP_DEF(hists, BPF_MAP_TYPE_PERCPU_HASH, struct memlat_key, struct memlat_hist, 10240);
 /* Without -P: one histogram per kind, indexed by enum memlat_kind (no hashing). */
 MAP_DEF(totals, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct memlat_hist, 2);
 MAP_DEF(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct memlat_counters, 1);
@@ -126,8 +126,8 @@ static __always_inline void fault_end(struct memlat_start *st, enum memlat_kind 
 	/* A per-CPU value, and exits do not nest on a CPU (perf_event programs are kept
 	 * from nesting by the kernel; faults do not run handle_mm_fault in interrupts):
 	 * plain adds are exact and cheaper than atomics. The faults matched are the sum
-	 * of the slots (plus hists_full): no counter of their own. */
-	LATENCY_ADD(h, delta, latency_unit_ns, MEMLAT_MAX_SLOTS);
+	 * of the counts (plus hists_full): no counter of their own. */
+	LATENCY_ADD(h, delta, latency_unit_ns, MEMLAT_BUCKETS);
 	if (delta >= tail_ns)
 		h->tail++;
 }

@@ -29,7 +29,7 @@ const volatile __u32 filter_pid = 0;		/* -p: tgid (tp_btf) or tid (tracepoint) *
 THREAD_SLOTS(starts, struct runqlat_start);
 /* Without -P: the one histogram, in a per-CPU array (no hashing). */
 MAP_DEF(totals, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct runqlat_hist, 1);
-MAP_DEF(hists, BPF_MAP_TYPE_PERCPU_HASH, struct runqlat_key, struct runqlat_hist, 10240);
+HIST_MAP_DEF(hists, BPF_MAP_TYPE_PERCPU_HASH, struct runqlat_key, struct runqlat_hist, 10240);
 MAP_DEF(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct runqlat_counters, 1);
 
 static const struct runqlat_hist zero_hist;
@@ -83,7 +83,7 @@ static __always_inline void switched_in(__u32 tid, __u32 tgid, const char *comm,
 		return;
 	}
 	/* Per-CPU value, and sched_switch cannot nest on a CPU: plain adds are exact. */
-	LATENCY_ADD(h, delta, latency_unit_ns, RUNQLAT_MAX_SLOTS);
+	LATENCY_ADD(h, delta, latency_unit_ns, RUNQLAT_BUCKETS);
 }
 
 /* ---- tp_btf ------------------------------------------------------------------------ */

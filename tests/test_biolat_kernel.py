@@ -15,7 +15,13 @@ from children import reap
 from conftest import LoopDevice
 
 from meridian.tools.biolat import Biolat, Options
-from meridian.tools.biolat.model import KIND_DEPTH, KIND_LATENCY, depth_rows, device_rows
+from meridian.tools.biolat.model import (
+    KIND_DEPTH,
+    KIND_LATENCY,
+    depth_rows,
+    device_rows,
+    sizes_of,
+)
 from meridian.tools.biolat.records import slow_records
 
 pytestmark = pytest.mark.kernel
@@ -33,6 +39,14 @@ def known_workload(loop: LoopDevice) -> tuple[int, int]:
     reader = dd(f"if={loop.path}", "of=/dev/null", "bs=4k", f"count={READS}", "iflag=direct")
     writer = dd("if=/dev/zero", f"of={loop.path}", "bs=64k", f"count={WRITES}", "oflag=direct")
     return reader, writer
+
+
+def attached(p: subprocess.Popen[str]) -> None:
+    """Wait for the tool's ready signal: with -v it prints its strategy on stderr once
+    its programs are attached."""
+    assert p.stderr is not None
+    while "strategy:" not in (line := p.stderr.readline()):
+        assert line, "meridian biolat exited before attaching"
 
 
 def interrupt(p: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
@@ -70,6 +84,12 @@ def test_exact_counts_sizes_slow_events_and_depth(loop_device: LoopDevice, strat
         (op, slot): c.count for (_, op, kind, slot), c in snap.cells.items() if kind == KIND_LATENCY
     }
     assert sizes == {(0, 12): READS, (1, 16): WRITES}
+    # --sizes counts exact sizes: every read 4096 bytes, every write 65536.
+    reads, writes = sizes_of(snap, loop_device.dev, 0), sizes_of(snap, loop_device.dev, 1)
+    assert (reads.counts, writes.counts) == ({4096: READS}, {65536: WRITES})
+    assert reads.percentile(0.5) == reads.percentile(0.99) == 4096
+    assert writes.percentile(0.5) == writes.percentile(0.99) == 65536
+    assert snap.counters["sizes_full"] == 0
 
     # Exercise 3: threshold 0 streams every request, attributed to the dd that queued it.
     recs = list(slow_records(events))
@@ -85,7 +105,8 @@ def test_exact_counts_sizes_slow_events_and_depth(loop_device: LoopDevice, strat
     # Exercise 4: each request saw itself in flight; nothing left in flight after.
     depth = depth_rows(snap)[loop_device.dev]
     assert depth["hist"].total == READS + WRITES
-    assert depth["max"] >= 1
+    assert depth["max"] == 1  # one synchronous dd at a time: each request alone
+    assert depth["hist"].percentile(0.5) == depth["hist"].percentile(0.99) == 1
     assert depth["inflight"] == 0
     assert sum(c.count for k, c in snap.cells.items() if k[2] == KIND_DEPTH) == READS + WRITES
     assert snap.counters["events_lost"] == 0
@@ -127,13 +148,13 @@ def test_device_filter_sees_only_its_disk(loop_device: LoopDevice, tmp_path: Any
 def test_cli_json_interval_and_ctrl_c_summary(loop_device: LoopDevice) -> None:
     """The command a person runs: JSON reports, and Ctrl-C prints the last one."""
     p = subprocess.Popen(
-        [sys.executable, "-m", "meridian", "biolat", "--json", "-D", "-d", loop_device.name],
+        [sys.executable, "-m", "meridian", "biolat", "-v", "--json", "-D", "-d", loop_device.name],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        time.sleep(2.0)  # loaded and attached
+        attached(p)
         dd(f"if={loop_device.path}", "of=/dev/null", "bs=4k", "count=100", "iflag=direct")
         out, err = interrupt(p, 20)
     finally:
@@ -148,6 +169,12 @@ def test_cli_json_interval_and_ctrl_c_summary(loop_device: LoopDevice) -> None:
         409600,
     )
     assert dev["latency"]["count"] == 100
+    lat = dev["latency"]
+    assert lat["min"] <= lat["p50"] <= lat["p99"] <= lat["max"]
+    assert lat["relative_error"] == 0.0625
+    sizes = dev["sizes"]
+    assert (sizes["p50"], sizes["p99"], sizes["min"], sizes["max"]) == (4096, 4096, 4096, 4096)
+    assert sizes["values"] == [{"value": 4096, "count": 100}] and sizes["not_counted"] == 0
     assert report["lost"]["events_lost"] == 0
 
 
@@ -158,6 +185,7 @@ def test_text_report_has_the_bcc_histogram(loop_device: LoopDevice) -> None:
             "-m",
             "meridian",
             "biolat",
+            "-v",
             "-d",
             loop_device.name,
             "--sizes",
@@ -169,14 +197,38 @@ def test_text_report_has_the_bcc_histogram(loop_device: LoopDevice) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(2.0)
-    dd(f"if={loop_device.path}", "of=/dev/null", "bs=4k", "count=64", "iflag=direct")
-    out, err = proc.communicate(timeout=30)
+    try:
+        attached(proc)
+        dd(f"if={loop_device.path}", "of=/dev/null", "bs=4k", "count=64", "iflag=direct")
+        out, err = proc.communicate(timeout=30)
+    finally:
+        reap(proc)
     assert proc.returncode == 0, err
     assert "usecs               : count    distribution" in out
     assert "op = read" in out
     assert "      4096 -> 8191       : 64 " in out
+    assert "sizes exact: p50 4096 bytes, p99 4096 bytes\n" in out
     assert "queue depth at issue" in out
+
+
+def test_sizes_of_a_mix_are_counted_exactly(loop_device: LoopDevice) -> None:
+    """Two request sizes in one log2 slot's neighbourhood (4 KiB and 12 KiB, slots 12
+    and 13): each counted exactly, and the quantiles are those sizes."""
+    opts = Options(disk=loop_device.dev, sizes=True)
+    with Biolat(opts) as tool:
+        start = tool.snapshot()
+        dd(f"if={loop_device.path}", "of=/dev/null", "bs=4k", "count=300", "iflag=direct")
+        dd(f"if={loop_device.path}", "of=/dev/null", "bs=12k", "count=100", "iflag=direct")
+        snap = tool.snapshot().since(start)
+    sizes = sizes_of(snap, None, 0)
+    assert sizes.counts == {4096: 300, 12288: 100}
+    assert (sizes.percentile(0.5), sizes.percentile(0.75), sizes.percentile(0.76)) == (
+        4096,
+        4096,
+        12288,
+    )
+    assert sizes.percentile(0.99) == 12288
+    assert sizes.slots.tolist()[12:14] == [300, 100]  # the log2 text histogram's slots
 
 
 def test_counts_match_bpftrace_on_the_same_run(loop_device: LoopDevice) -> None:

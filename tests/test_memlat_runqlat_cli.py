@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from test_cli import meridian, one_line_exit_2
 
+from meridian.hist import Layout
 from meridian.tools.memlat.model import Cell, Options, Snapshot
 
 # Bad input that both tools check the same way (their shared command line); `{tool}`
@@ -56,10 +57,15 @@ def test_help_ends_with_examples(tool: str) -> None:
     assert p.stdout.rstrip().splitlines()[-1].strip().startswith(f"meridian {tool}")
 
 
+NBUCKETS = 464  # MEMLAT_BUCKETS
+
+
 def cell(slots: dict[int, int], sum_ns: int, max_ns: int, tail: int) -> Cell:
-    arr = np.zeros(32, dtype=np.uint64)
+    """n values of 2**i usecs for each log2 slot i: n, in the kernel's buckets."""
+    layout = Layout(NBUCKETS)
+    arr = np.zeros(NBUCKETS, dtype=np.uint64)
     for i, n in slots.items():
-        arr[i] = n
+        arr[layout.bucket_of(1 << i)] = n
     return Cell(arr, sum_ns, max_ns, tail)
 
 
@@ -70,11 +76,12 @@ def test_interval_is_a_difference_and_max_is_honest() -> None:
     d = b.since(a)
     assert d.seconds == 2.0
     got = d.cells[key]
-    assert int(got.slots[1]) == 20 and int(got.slots[2]) == 5 and got.count == 25
+    slots = got.hist("usecs", 1000).slots
+    assert int(slots[1]) == 20 and int(slots[2]) == 5 and got.count == 25
     assert (got.sum_ns, got.tail) == (4000, 0)
     # The 900 us maximum happened before the interval: the interval's is at most the
-    # top of its highest slot, 2: [4, 7] us, so below 8000 ns.
-    assert got.max_ns == 7999
+    # top of its highest bucket, [4, 5) us, so below 5000 ns.
+    assert got.max_ns == 4999
     assert d.counters == {"matched": 35}
     s = d.total("usecs")
     assert s.count == 25

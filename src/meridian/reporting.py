@@ -155,11 +155,14 @@ def report_loop(
     has_news: Callable[[S, S], bool],
     wait: Callable[[float], None] = time.sleep,
     on_interrupt: Callable[[], None] = lambda: None,
+    ready: Callable[[], None] = lambda: None,
 ) -> None:
     """Call `emit(prev, cur)` every `interval` seconds, `count` times, or once at the
     end of `duration` or at Ctrl-C. `wait(seconds)` passes the time between reports
-    (a tool that streams events prints them there)."""
+    (a tool that streams events prints them there); `ready()` once the first snapshot,
+    the baseline, is taken."""
     start = prev = snapshot()
+    ready()
     end = start.t + duration if duration else None
     reports = 0
     try:
@@ -205,8 +208,13 @@ def run_histograms(
     json_out = JsonWriter(out) if opts.json else None
     with session as tool, exporting(opts.export, tool.metrics, tool.name):
         strategy = tool.strategy
-        if opts.verbose:
-            print(f"strategy: {strategy.name} ({', '.join(tool.selected)})", file=sys.stderr)
+
+        def ready() -> None:
+            """-v: the strategy, once the baseline is taken (a ready signal for tests)."""
+            if opts.verbose:
+                print(f"strategy: {strategy.name} ({', '.join(tool.selected)})", file=sys.stderr)
+                sys.stderr.flush()
+
         if not opts.json:
             print(banner, file=out)
         out.flush()
@@ -241,6 +249,7 @@ def run_histograms(
                 has_news=lambda prev, cur: bool(cur.since(prev).cells),
                 wait=wait,
                 on_interrupt=last_lines,
+                ready=ready,
             )
     return 0
 

@@ -10,12 +10,12 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from ..hist import Log2Hist
-from ..reporting import ReportOptions
+from ..hist import Hist, Layout
+from ..reporting import UNITS, ReportOptions
 
 __all__ = ["NSLOTS", "Cell", "LatencyOptions", "Snapshot", "Summary"]
 
-NSLOTS = 32  # MEMLAT_MAX_SLOTS and RUNQLAT_MAX_SLOTS: slots of a kernel histogram
+NSLOTS = 32  # log2 slots of a kernel histogram (MEMLAT_BUCKETS, RUNQLAT_BUCKETS: 2**32)
 
 
 @dataclass
@@ -28,56 +28,64 @@ class LatencyOptions(ReportOptions):
 
 @dataclass
 class Cell:
-    """One histogram of the kernel map (one key), summed over CPUs."""
+    """One histogram of the kernel map (one key), summed over CPUs: log-linear buckets
+    (hist.py) of the tool's unit, the exact sum, smallest and largest latency in ns
+    (min_ns 0: none), and the tail count."""
 
-    slots: np.ndarray[Any, np.dtype[np.uint64]]
+    buckets: np.ndarray[Any, np.dtype[np.uint64]]
     sum_ns: int
     max_ns: int
     tail: int = 0  # samples at or above the tool's tail threshold (0: it has none)
+    min_ns: int = 0
 
     @classmethod
     def of_cpus(cls, value: np.ndarray[Any, Any]) -> Cell:
         """The cell of one per-CPU map value (one record per CPU)."""
         names = value.dtype.names or ()
+        mins = value["min_ns"][value["min_ns"] > 0]
         return cls(
-            value["slots"].sum(axis=0).astype(np.uint64),
+            value["buckets"].sum(axis=0, dtype=np.uint64),
             int(value["sum_ns"].sum()),
             int(value["max_ns"].max()),
             int(value["tail"].sum()) if "tail" in names else 0,
+            int(mins.min()) if len(mins) else 0,
         )
 
     @property
     def count(self) -> int:
-        return int(self.slots.sum())
+        return int(self.buckets.sum())
+
+    def hist(self, unit: str, unit_ns: int) -> Hist:
+        """The histogram in the tool's unit, with its min and max."""
+        lo = self.min_ns / unit_ns if self.min_ns else None
+        hi = self.max_ns / unit_ns if self.count else None
+        return Hist.of_buckets(self.buckets, unit, lo, hi)
 
     def since(self, prev: Cell, unit_ns: int) -> Cell:
-        """What was added after `prev` (cumulative, from the same key)."""
-        slots = self.slots - prev.slots
-        return Cell(
-            slots,
-            self.sum_ns - prev.sum_ns,
-            self._interval_max(prev, slots, unit_ns),
-            self.tail - prev.tail,
-        )
-
-    def _interval_max(self, prev: Cell, slots: np.ndarray[Any, Any], unit_ns: int) -> int:
-        """The kernel keeps the largest latency since attach. When it grew, the new one
-        happened in this interval (exact); otherwise the interval's largest is at most
-        both the old one and the top of its highest non-empty slot (an upper bound)."""
-        if self.max_ns > prev.max_ns:
-            return self.max_ns
-        nonzero = np.flatnonzero(slots)
-        if not len(nonzero):
-            return 0
-        top = (1 << (int(nonzero[-1]) + 1)) * unit_ns - 1
-        return min(prev.max_ns, top)
+        """What was added after `prev` (cumulative, from the same key). The kernel
+        keeps the smallest and largest latency since attach: when one moved, the new one
+        happened in this interval (exact); otherwise the interval's lies between the old
+        one and the edge of its lowest (highest) non-empty bucket (a bound)."""
+        buckets = self.buckets - prev.buckets
+        nz = np.flatnonzero(buckets)
+        if not len(nz):
+            return Cell(buckets, 0, 0, 0, 0)
+        lay = Layout(len(buckets))
+        hi, lo = self.max_ns, self.min_ns
+        if hi <= prev.max_ns and nz[-1] < len(buckets) - 1:
+            hi = min(prev.max_ns, int(lay.highs[nz[-1]]) * unit_ns - 1)
+        if prev.min_ns and lo >= prev.min_ns:
+            lo = max(prev.min_ns, int(lay.lows[nz[0]]) * unit_ns)
+        return Cell(buckets, self.sum_ns - prev.sum_ns, hi, self.tail - prev.tail, lo)
 
     def __add__(self, other: Cell) -> Cell:
+        mins = [m for m in (self.min_ns, other.min_ns) if m]
         return Cell(
-            self.slots + other.slots,
+            self.buckets + other.buckets,
             self.sum_ns + other.sum_ns,
             max(self.max_ns, other.max_ns),
             self.tail + other.tail,
+            min(mins, default=0),
         )
 
 
@@ -129,21 +137,24 @@ class Snapshot(Generic[K]):
 
 
 T = TypeVar("T", bound="Summary")
+_UNIT_NS = {name: ns for ns, name in UNITS.items()}
 
 
 @dataclass
 class Summary:
     """Histograms merged into one, with the exact sum, max and tail count."""
 
-    hist: Log2Hist
+    hist: Hist
     sum_ns: int
     max_ns: int
     tail: int = 0
 
     @classmethod
     def of(cls: type[T], cells: Iterable[Cell], unit: str) -> T:
+        """The cells merged, in `unit` (one of reporting.UNITS)."""
         cells = list(cells)
-        hist = Log2Hist.merge((Log2Hist(c.slots, unit) for c in cells), NSLOTS, unit)
+        unit_ns = _UNIT_NS[unit]
+        hist = Hist.merge((c.hist(unit, unit_ns) for c in cells), NSLOTS, unit)
         return cls(
             hist,
             sum(c.sum_ns for c in cells),
@@ -156,8 +167,8 @@ class Summary:
         return self.hist.total
 
     def pct_ns(self, q: float, unit_ns: int) -> float:
-        """The q-quantile estimate in ns, never above the largest latency seen."""
-        return min(self.hist.percentile(q) * unit_ns, float(self.max_ns))
+        """The q-quantile in ns (hist.quantile: within [min, max], 6.25%)."""
+        return self.hist.percentile(q) * unit_ns
 
     def stats(self, unit_ns: int, **more: Any) -> dict[str, Any]:
         """The JSON summary: the count, `more` fields, the average, p50, p99, max and
@@ -169,6 +180,8 @@ class Summary:
             "avg_ns": self.sum_ns // n if n else 0,
             "p50_ns": round(self.pct_ns(0.5, unit_ns)),
             "p99_ns": round(self.pct_ns(0.99, unit_ns)),
+            "min_ns": round(self.hist.lo * unit_ns) if self.hist.lo is not None else 0,
             "max_ns": self.max_ns,
+            "relative_error": self.hist.relative_error,
             "hist": self.hist.to_json(),
         }

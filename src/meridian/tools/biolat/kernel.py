@@ -79,16 +79,26 @@ class Biolat(Session):
         keys, vals = self.obj.maps["hists"].items()
         cells = {
             (int(k["dev"]), int(k["op"]), int(k["kind"]), int(k["size_slot"])): Cell(
-                v["slots"].astype(np.uint64), int(v["sum"]), int(v["max"]), int(v["bytes"])
+                v["buckets"].astype(np.uint64),
+                int(v["sum"]),
+                int(v["max"]),
+                int(v["bytes"]),
+                int(v["min"]),
             )
             for k, v in zip(keys, vals, strict=True)
         }
+        sizes: dict[tuple[int, int], dict[int, int]] = {}
+        skeys, svals = self.obj.maps["sizes"].items()
+        for k, n in zip(skeys, svals, strict=True):
+            sizes.setdefault((int(k["dev"]), int(k["op"])), {})[int(k["bytes"])] = int(n)
         dkeys, dvals = self.obj.maps["depth"].items()
         inflight = {int(k): int(v["inflight"]) for k, v in zip(dkeys, dvals, strict=True)}
         counters = self.obj.maps["counters"].summed()
         if self.ring is not None:
             counters["events_bad"] = self.ring.bad_records
-        return Snapshot(time.monotonic(), cells, inflight, counters)
+        return Snapshot(
+            time.monotonic(), cells, inflight, counters, sizes=sizes, unit_ns=self.opts.unit_ns
+        )
 
     def events(self, timeout: float) -> np.ndarray[Any, Any]:
         if self.ring is None:

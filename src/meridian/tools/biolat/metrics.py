@@ -39,7 +39,7 @@ def series(snap: Snapshot, opts: Options) -> list[Family]:
                 "system.device": disk_name(dev),
                 "disk.io.direction": op_name(op),
             }
-            h = merged(cells, opts.unit)
+            h = merged(cells, opts.unit, opts.unit_ns)
             total = sum(c.sum for _, c in cells)
             top = max(c.max for _, c in cells)
             fam.points.append(HistPoint(a, h.slots, opts.unit_ns * 1e-9, total / 1e9, top / 1e9))

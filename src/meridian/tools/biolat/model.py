@@ -1,6 +1,7 @@
 """biolat's model: histograms keyed by (device, op, kind, size slot), kind latency,
-queue time or queue depth; every view is a sum over them. Intervals are differences
-of two snapshots, so no sample is lost to a read-then-clear race."""
+queue time or queue depth, and the exact request sizes per (device, op); every view is
+a sum over them. Intervals are differences of two snapshots, so no sample is lost to a
+read-then-clear race."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ... import proc
-from ...hist import Log2Hist
+from ...hist import ExactCounts, Hist, Layout
 from ...reporting import ReportOptions
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
     "group",
     "merged",
     "op_name",
-    "size_hist",
+    "sizes_of",
 ]
 
 OPS = ("read", "write", "discard", "flush", "other")  # enum biolat_op
@@ -59,19 +60,45 @@ class Options(ReportOptions):
 
 @dataclass
 class Cell:
-    """One histogram of the kernel map (one device, op, kind and size slot)."""
+    """One histogram of the kernel map (one device, op, kind and size slot): log-linear
+    buckets (hist.py) of the unit (usecs, msecs or depth), the sum, smallest and largest
+    sample (latency in ns, or depth; min 0: none) and bytes."""
 
-    slots: np.ndarray[Any, np.dtype[np.uint64]]
+    buckets: np.ndarray[Any, np.dtype[np.uint64]]
     sum: int
     max: int
     bytes: int
+    min: int = 0
 
     @property
     def count(self) -> int:
-        return int(self.slots.sum())
+        return int(self.buckets.sum())
+
+    def hist(self, unit: str, unit_ns: int) -> Hist:
+        """The histogram in `unit` (samples / unit_ns), with its min and max."""
+        lo = self.min / unit_ns if self.min else None
+        hi = self.max / unit_ns if self.count else None
+        return Hist.of_buckets(self.buckets, unit, lo, hi)
+
+    def since(self, prev: Cell, unit_ns: int) -> Cell:
+        """What was added after `prev`. The kernel keeps min and max since attach: when
+        one moved, the new one is this interval's (exact); otherwise the interval's lies
+        between it and the edge of the lowest (highest) non-empty bucket (a bound)."""
+        buckets = self.buckets - prev.buckets
+        nz = np.flatnonzero(buckets)
+        if not len(nz):
+            return Cell(buckets, 0, 0, 0)
+        lay = Layout(len(buckets))
+        hi, lo = self.max, self.min
+        if hi <= prev.max and nz[-1] < len(buckets) - 1:
+            hi = min(prev.max, int(lay.highs[nz[-1]]) * unit_ns - 1)
+        if prev.min and lo >= prev.min:
+            lo = max(prev.min, int(lay.lows[nz[0]]) * unit_ns)
+        return Cell(buckets, self.sum - prev.sum, hi, self.bytes - prev.bytes, lo)
 
 
 Key = tuple[int, int, int, int]  # dev, op, kind, size slot
+SizeKey = tuple[int, int]  # dev, op
 
 
 @dataclass
@@ -81,17 +108,27 @@ class Snapshot:
     inflight: dict[int, int] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    sizes: dict[SizeKey, dict[int, int]] = field(default_factory=dict)  # bytes: requests
+    unit_ns: int = 1000  # of the latency and queue histograms
 
     def since(self, prev: Snapshot) -> Snapshot:
-        """What happened between `prev` and this snapshot (max stays cumulative)."""
+        """What happened between `prev` and this snapshot."""
         cells = {}
         for k, c in self.cells.items():
             p = prev.cells.get(k)
-            d = c if p is None else Cell(c.slots - p.slots, c.sum - p.sum, c.max, c.bytes - p.bytes)
+            d = c if p is None else c.since(p, 1 if k[2] == KIND_DEPTH else self.unit_ns)
             if d.count:
                 cells[k] = d
         counters = {k: v - prev.counters.get(k, 0) for k, v in self.counters.items()}
-        return Snapshot(self.t, cells, dict(self.inflight), counters, self.t - prev.t)
+        sizes = {}
+        for sk, counts in self.sizes.items():
+            old = prev.sizes.get(sk, {})
+            diff = {b: n - old.get(b, 0) for b, n in counts.items() if n - old.get(b, 0)}
+            if diff:
+                sizes[sk] = diff
+        return Snapshot(
+            self.t, cells, dict(self.inflight), counters, self.t - prev.t, sizes, self.unit_ns
+        )
 
 
 # ---- sums over the cells -------------------------------------------------------------
@@ -108,15 +145,20 @@ def group(snap: Snapshot, kind: int, per_disk: bool) -> Groups:
     return dict(sorted(groups.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1])))
 
 
-def merged(cells: list[tuple[int, Cell]], unit: str) -> Log2Hist:
-    return Log2Hist.merge((Log2Hist(c.slots, unit) for _, c in cells), len(cells[0][1].slots), unit)
+def merged(cells: list[tuple[int, Cell]], unit: str, unit_ns: int) -> Hist:
+    """The cells' histograms summed, in `unit`."""
+    return Hist.merge((c.hist(unit, unit_ns) for _, c in cells), 32, unit)
 
 
-def size_hist(cells: list[tuple[int, Cell]]) -> Log2Hist:
-    h = Log2Hist.empty(len(cells[0][1].slots), "bytes")
-    for slot, c in cells:
-        h.slots[min(slot, len(h.slots) - 1)] += np.uint64(c.count)
-    return h
+def sizes_of(snap: Snapshot, dev: int | None, op: int) -> ExactCounts:
+    """The exact request sizes of (dev, op), of every device when dev is None; the
+    sizes the kernel's map had no room for (all devices and ops) as `not_counted`."""
+    out = ExactCounts({}, "bytes", snap.counters.get("sizes_full", 0))
+    for (d, o), counts in snap.sizes.items():
+        if o == op and (dev is None or d == dev):
+            for b, n in counts.items():
+                out.add(b, n)
+    return out
 
 
 def disk_name(dev: int | None) -> str:
@@ -136,7 +178,7 @@ class Row:
     bytes: int
     seconds: float
     sum_ns: int
-    hist: Log2Hist
+    hist: Hist
     unit_ns: int
 
     def as_dict(self) -> dict[str, Any]:
@@ -167,7 +209,7 @@ def device_rows(snap: Snapshot, opts: Options) -> list[Row]:
                 sum(c.bytes for _, c in cells),
                 snap.seconds,
                 sum(c.sum for _, c in cells),
-                merged(cells, opts.unit),
+                merged(cells, opts.unit, opts.unit_ns),
                 opts.unit_ns,
             )
         )
@@ -182,9 +224,7 @@ def depth_rows(snap: Snapshot) -> dict[int, dict[str, Any]]:
             by_dev[dev].append(cell)
     out = {}
     for dev, cells in sorted(by_dev.items()):
-        h = Log2Hist.merge(
-            (Log2Hist(c.slots, "depth") for c in cells), len(cells[0].slots), "depth"
-        )
+        h = Hist.merge((c.hist("depth", 1) for c in cells), 32, "depth")
         n = h.total
         out[dev] = {
             "inflight": snap.inflight.get(dev, 0),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any, TextIO
 
-from ...hist import Log2Hist, slot_bounds
+from ...hist import slot_bounds
 from ...output import fmt_bytes, iso_now, print_table
 from .model import (
     INFO_COUNTERS,
@@ -22,7 +22,7 @@ from .model import (
     group,
     merged,
     op_name,
-    size_hist,
+    sizes_of,
 )
 
 __all__ = ["report_json", "report_text"]
@@ -39,19 +39,19 @@ def report_json(snap: Snapshot, opts: Options) -> dict[str, Any]:
     queue_groups = group(snap, KIND_QUEUE, opts.per_disk)
     for row, ((dev, op), cells) in zip(device_rows(snap, opts), size_groups.items(), strict=True):
         d = row.as_dict()
-        d["sizes"] = size_hist(cells).to_json()
+        d["sizes"] = sizes_of(snap, dev, op).to_json()
         d["latency_by_size"] = [
             {
                 "size_low": slot_bounds(slot)[0],
                 "size_high": slot_bounds(slot)[1],
                 "count": c.count,
                 "latency_avg_ns": c.sum // c.count,
-                "latency": Log2Hist(c.slots, opts.unit).to_json(),
+                "latency": c.hist(opts.unit, opts.unit_ns).to_json(),
             }
             for slot, c in cells
         ]
         if (dev, op) in queue_groups:
-            d["queue"] = merged(queue_groups[(dev, op)], opts.unit).to_json()
+            d["queue"] = merged(queue_groups[(dev, op)], opts.unit, opts.unit_ns).to_json()
         devices.append(d)
     out["devices"] = devices
     out["depth"] = [
@@ -76,13 +76,13 @@ def report_text(snap: Snapshot, opts: Options, out: TextIO) -> None:
         print("no block I/O completed in this interval", file=out)
     for (dev, op), cells in groups.items():
         print(_head(dev, op, opts), file=out)
-        print(merged(cells, opts.unit).render(), file=out)
+        print(merged(cells, opts.unit, opts.unit_ns).render(), file=out)
     if opts.queued:
         for (dev, op), cells in group(snap, KIND_QUEUE, opts.per_disk).items():
             print(f"{_head(dev, op, opts)}, queued (insert to issue)", file=out)
-            print(merged(cells, opts.unit).render(), file=out)
+            print(merged(cells, opts.unit, opts.unit_ns).render(), file=out)
     if opts.sizes:
-        _sizes_text(groups, opts, out)
+        _sizes_text(snap, groups, opts, out)
     if opts.depth:
         for dev, info in depth_rows(snap).items():
             print(
@@ -107,22 +107,33 @@ def _lost_hint(lost: dict[str, int]) -> str:
     return ""
 
 
-def _sizes_text(groups: Groups, opts: Options, out: TextIO) -> None:
+def _sizes_text(snap: Snapshot, groups: Groups, opts: Options, out: TextIO) -> None:
     for (dev, op), cells in groups.items():
         count = sum(c.count for _, c in cells)
         avg = sum(c.bytes for _, c in cells) / count if count else 0
+        sizes = sizes_of(snap, dev, op)
         print(f"{_head(dev, op, opts)}, request sizes (avg {fmt_bytes(avg)})", file=out)
-        print(size_hist(cells).render("bytes"), file=out)
-        rows = [
-            [
-                fmt_bytes(slot_bounds(slot)[0]),
-                str(c.count),
-                f"{c.sum / c.count / opts.unit_ns:.1f}",
-                f"{Log2Hist(c.slots, opts.unit).percentile(0.5):.0f}",
-                f"{Log2Hist(c.slots, opts.unit).percentile(0.99):.0f}",
-            ]
-            for slot, c in cells
-        ]
+        print(sizes.render("bytes"), file=out)
+        uncounted = ""
+        if sizes.not_counted:
+            uncounted = f" ({sizes.not_counted} not counted: size map full)"
+        print(
+            f"sizes exact: p50 {sizes.percentile(0.5):.0f} bytes, "
+            f"p99 {sizes.percentile(0.99):.0f} bytes{uncounted}",
+            file=out,
+        )
+        rows = []
+        for slot, c in cells:
+            h = c.hist(opts.unit, opts.unit_ns)
+            rows.append(
+                [
+                    fmt_bytes(slot_bounds(slot)[0]),
+                    str(c.count),
+                    f"{c.sum / c.count / opts.unit_ns:.1f}",
+                    f"{h.percentile(0.5):.0f}",
+                    f"{h.percentile(0.99):.0f}",
+                ]
+            )
         u = "ms" if opts.millis else "us"
         print_table(["SIZE>=", "COUNT", f"AVG({u})", f"P50({u})", f"P99({u})"], rows, out)
 

@@ -1,0 +1,133 @@
+"""The log-linear layout and the one quantile function: bounds, the stated relative
+error against the exact quantile of the data, the log2 view bcc's text reads,
+intervals and exact value counts."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from meridian.hist import (
+    RELATIVE_ERROR,
+    ExactCounts,
+    Hist,
+    Layout,
+    Log2Hist,
+    slot_bounds,
+    slot_of,
+)
+
+NB = 464  # (1 + 32 - 4) * 16: BIOLAT_BUCKETS, MEMLAT_BUCKETS, RUNQLAT_BUCKETS
+
+
+def hist_of(values: list[int], layout: Layout | None = None) -> Hist:
+    """What the kernel would hold for `values`: their buckets, min and max."""
+    lay = layout or Layout(NB)
+    counts = np.zeros(lay.nbuckets, np.uint64)
+    for v in values:
+        counts[lay.bucket_of(v)] += np.uint64(1)
+    return Hist.of_buckets(counts, "nsecs", float(min(values)), float(max(values)))
+
+
+def exact_quantile(values: list[int], q: float) -> int:
+    """Nearest rank: the smallest value that at least q of the values do not exceed."""
+    s = sorted(values)
+    return s[max(math.ceil(q * len(s)), 1) - 1]
+
+
+def test_bucket_bounds_hold_their_values_and_sum_to_log2_slots() -> None:
+    lay = Layout(NB)
+    for v in [*range(0, 300), *(1 << e for e in range(31)), *((1 << e) - 1 for e in range(1, 32))]:
+        b = lay.bucket_of(v)
+        assert lay.lows[b] <= v < lay.highs[b]
+        # the bucket belongs to v's log2 slot: the slot starts at or before it, and
+        # the next slot after it
+        slot = slot_of(v)
+        assert lay.slot_starts[slot] <= b
+        assert slot + 1 == len(lay.slot_starts) or b < lay.slot_starts[slot + 1]
+        if v >= 16:  # the stated bound: a bucket's width is at most 1/16 of its low
+            assert lay.highs[b] - lay.lows[b] <= RELATIVE_ERROR * lay.lows[b]
+    assert len(lay.slot_starts) == 32
+    assert lay.bucket_of(1 << 40) == NB - 1  # everything above in the last bucket
+
+
+def test_render_is_the_log2_render_of_the_same_data_byte_for_byte() -> None:
+    rng = np.random.default_rng(7)
+    values = [int(v) for v in rng.lognormal(9, 2.5, 5000).astype(np.int64)] + [0, 1, 2, 3]
+    log2 = np.bincount([slot_of(v) for v in values], minlength=32).astype(np.uint64)
+    old = Log2Hist(log2, "nsecs")  # the kernel's log2 slots, as they were counted before
+    new = hist_of(values)
+    assert new.slots.tolist() == log2.tolist()
+    assert new.render() == old.render() != ""
+    assert new.render("depth") == old.render("depth")
+    assert new.cumulative_buckets(1e-6) == old.cumulative_buckets(1e-6)
+    assert new.to_json()["buckets"] == old.to_json()["buckets"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_quantiles_stay_within_min_and_max_and_the_relative_error(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    kind = seed % 4
+    values: np.ndarray[Any, Any]
+    if kind == 0:  # a wide spread
+        values = rng.lognormal(10, 2, n)
+    elif kind == 1:  # one value
+        values = np.full(n, rng.integers(1, 1 << 30))
+    elif kind == 2:  # two clusters
+        values = np.concatenate([rng.normal(5000, 50, n), rng.normal(2e6, 1e4, n // 50 + 1)])
+    else:  # small integers (queue depths)
+        values = rng.integers(1, 40, n)
+    vals = [max(int(v), 1) for v in values]
+    h = hist_of(vals)
+    for q in (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 0.999, 1.0):
+        got, want = h.percentile(q), exact_quantile(vals, q)
+        assert min(vals) <= got <= max(vals), (q, got)
+        # within one bucket of the true value: 1/16 of it from 16 units, 1 unit below
+        assert abs(got - want) <= max(RELATIVE_ERROR * want, 1.0), (q, got, want)
+    assert h.percentile(1.0) == max(vals)
+
+
+def test_one_value_gives_that_value_exactly() -> None:
+    h = hist_of([1_325_086] * 100)
+    assert h.percentile(0.5) == h.percentile(0.99) == 1_325_086.0
+    j = h.to_json()
+    assert (j["p50"], j["p99"], j["min"], j["max"]) == (1325086, 1325086, 1325086, 1325086)
+    assert j["relative_error"] == 0.0625
+
+
+def test_a_log2_histogram_without_min_max_keeps_its_old_interpolation() -> None:
+    h = Log2Hist.of([0, 0, 0, 10])  # all in [8, 15]
+    assert h.percentile(0.5) == 12.0
+    assert h.relative_error == 1.0
+    assert h.percentile(0.99) <= 16
+
+
+def test_an_interval_min_and_max_are_exact_when_they_moved_else_bounds() -> None:
+    a = hist_of([100, 5000, 9000])
+    b = hist_of([100, 5000, 9000, 50, 20000])  # a new min and max in the interval
+    d = b.since(a)
+    assert d.total == 2 and (d.lo, d.hi) == (50.0, 20000.0)
+    c = hist_of([100, 5000, 9000, 50, 20000, 3000, 3100])  # neither moved
+    d2 = c.since(b)
+    assert d2.total == 2
+    lay = Layout(NB)
+    assert d2.lo == lay.lows[lay.bucket_of(3000)] and d2.hi == lay.highs[lay.bucket_of(3100)]
+    assert d2.lo is not None and d2.hi is not None
+    assert d2.lo <= d2.percentile(0.5) <= d2.hi
+
+
+def test_exact_counts_quantiles_are_values_that_occurred() -> None:
+    e = ExactCounts({4096: 300, 12288: 100})
+    assert [e.percentile(q) for q in (0.0, 0.5, 0.75, 0.7501, 0.99, 1.0)] == [
+        4096, 4096, 4096, 12288, 12288, 12288
+    ]  # fmt: skip
+    assert e.slots.tolist()[12:14] == [300, 100]
+    assert e.render().splitlines()[13].startswith(f"{slot_bounds(12)[0]:>10} -> ")
+    j = ExactCounts({4096: 10}, not_counted=2).to_json()
+    assert (j["p50"], j["p99"], j["min"], j["max"], j["not_counted"]) == (4096, 4096, 4096, 4096, 2)
+    d = ExactCounts({4096: 15, 8192: 1}).since(ExactCounts({4096: 10}))
+    assert d.counts == {4096: 5, 8192: 1}
