@@ -93,7 +93,7 @@ struct ahead_range {
 
 MAP_DEF(ahead, BPF_MAP_TYPE_LRU_HASH, struct ahead_key, struct ahead_range, 4096);
 
-MAP_DEF(stats, BPF_MAP_TYPE_PERCPU_HASH, struct fileio_key, struct fileio_stats, 8192);
+HIST_MAP_DEF(stats, BPF_MAP_TYPE_PERCPU_HASH, struct fileio_key, struct fileio_stats, 8192);
 
 /* A block request in flight, by its struct request pointer: who submitted it
  * (block_io_start runs in the submitting thread) and when the device got it. */
@@ -103,7 +103,8 @@ struct rq_owner {
 	__u32 pid;
 	__u32 tid;
 	__u32 start;		/* process start (proc_start) */
-	__u32 pad;
+	__u32 dev;		/* non-zero: written back on behalf of pid, on this device
+				 * (io_writeback.bpf.h) */
 	char comm[IO_COMM_LEN];
 };
 
@@ -114,7 +115,7 @@ struct {
 	__type(value, struct rq_owner);
 } rqs SEC(".maps");
 
-MAP_DEF(disk_io, BPF_MAP_TYPE_PERCPU_HASH, struct fileio_disk_key, struct fileio_disk_stats, 8192);
+HIST_MAP_DEF(disk_io, BPF_MAP_TYPE_PERCPU_HASH, struct fileio_disk_key, struct fileio_disk_stats, 8192);
 
 MAP_DEF(pids, BPF_MAP_TYPE_HASH, __u32, __u8, 1024);
 
@@ -191,6 +192,8 @@ static __always_inline struct inode *regular_inode(struct file *f)
 	return inode;
 }
 
+#include "io_names.bpf.h"	/* note_name(): each file's path, once per inode */
+
 static __always_inline struct fileio_inflight *start_op(__u32 tid, struct file *f, int fd,
 							enum io_op op, __u64 bytes_requested,
 							__s64 pos)
@@ -200,6 +203,7 @@ static __always_inline struct fileio_inflight *start_op(__u32 tid, struct file *
 
 	if (!inode)
 		return NULL;
+	note_name(f, inode);
 	/* A thread keeps its slot from one operation to the next (start_ns 0: idle). */
 	st = slot_of(tid);
 	if (!st)
@@ -260,6 +264,7 @@ static __always_inline void enter_copy(int in_fd, __s64 in_pos, int out_fd, __s6
 	target = regular_inode(fout);
 	st = start_op(task->pid, fd_file(task, in_fd), in_fd, IO_OP_READ, count, in_pos);
 	if (st && target) {
+		note_name(fout, target);
 		st->ino2 = target->i_ino;
 		st->dev2 = target->i_sb->s_dev;
 		st->fd2 = out_fd;
@@ -358,12 +363,14 @@ static __always_inline void account(struct fileio_inflight *st, __u32 op, __u64 
 		s->disk_bytes += disk;
 		s->io_wait_ns += io_wait;
 		s->latency_sum_ns += lat;
+		if (!s->latency_min_ns || lat < s->latency_min_ns)
+			s->latency_min_ns = lat;
 		if (lat > s->latency_max_ns)
 			s->latency_max_ns = lat;
 		if (!s->first_ns)
 			s->first_ns = now;
 		s->last_ns = now;
-		s->slots[hist_slot(lat, IO_MAX_SLOTS)]++;
+		s->buckets[hist_bucket(lat, IO_HIST_BUCKETS)]++;
 	} else {
 		COUNT(stats_full);
 	}
@@ -439,7 +446,9 @@ static __always_inline void finish_op(long ret)
 	st->start_ns = 0;	/* idle: the entry stays for the thread's next operation */
 }
 
-/* The programs, in two parts: the disk signals and block layer, then the syscalls. */
+/* The programs, in three parts: writeback owners, the disk signals and block layer,
+ * then the syscalls. */
+#include "io_writeback.bpf.h"
 #include "io_block.bpf.h"
 #include "io_syscalls.bpf.h"
 

@@ -3,7 +3,14 @@
 #ifndef MERIDIAN_IO_H
 #define MERIDIAN_IO_H
 
-#define IO_MAX_SLOTS 40		/* log2(latency in ns): up to 2^40 ns, about 18 minutes */
+/* Latency histograms: log-linear buckets of ns (bits.bpf.h), HIST_BUCKETS(34): values
+ * below 2^34 ns (17 s), above in the last bucket (the exact max says how far). A value
+ * is then 4.1 KB (496 __u64: a __u32 would wrap after 2^32 samples of one key on one
+ * CPU, an hour at this VM's 1.2 M/s, and which bucket wrapped cannot be told), of every
+ * possible CPU: the maps that hold it are not preallocated (HIST_MAP_DEF), so a 64-CPU
+ * host pays 64 x 4.1 KB = 262 KB per (process, op, cached) key in use, rather than
+ * 8192 x 64 x 4.1 KB = 2.1 GB per map up front (the log2 slots took 214 MB). */
+#define IO_HIST_BUCKETS ((1 + 34 - 4) * 16)
 #define IO_COMM_LEN 16
 #define IO_MAX_IOV 16		/* iovecs summed for bytes_requested of readv/writev */
 
@@ -29,10 +36,11 @@ struct fileio_stats {
 	__u64 disk_bytes;	/* pages inserted (reads) or bio bytes submitted in flight */
 	__u64 io_wait_ns;
 	__u64 latency_sum_ns;
+	__u64 latency_min_ns;	/* 0: none yet */
 	__u64 latency_max_ns;
 	__u64 first_ns;		/* CLOCK_MONOTONIC of the first and last completion */
 	__u64 last_ns;
-	__u64 slots[IO_MAX_SLOTS];	/* log2(latency_ns) */
+	__u64 buckets[IO_HIST_BUCKETS];	/* latency_ns, log-linear (bits.bpf.h) */
 	char comm[IO_COMM_LEN];
 };
 
@@ -42,15 +50,16 @@ struct fileio_disk_key {
 	__u32 pid;
 	__u32 op;		/* enum io_op */
 	__u32 start;		/* as in fileio_key */
-	__u32 pad;
+	__u32 dev;		/* `writeback` map: the device (kernel dev_t); 0 in disk_io */
 };
 
 struct fileio_disk_stats {
 	__u64 requests;
 	__u64 bytes;
 	__u64 latency_sum_ns;
+	__u64 latency_min_ns;	/* 0: none yet */
 	__u64 latency_max_ns;
-	__u64 slots[IO_MAX_SLOTS];	/* log2(device latency in ns) */
+	__u64 buckets[IO_HIST_BUCKETS];	/* device latency in ns, log-linear (bits.bpf.h) */
 	char comm[IO_COMM_LEN];
 };
 
@@ -62,6 +71,26 @@ struct fileio_counters {
 	__u64 stats_full;	/* operations not aggregated: aggregate map full */
 	__u64 failed;		/* syscalls that returned an error (not aggregated) */
 	__u64 disk_full;	/* block requests not aggregated: per-PID disk map full */
+	__u64 wb_unattributed;	/* write requests a kernel thread issued for pages whose
+				 * dirtier is unknown (dirtied before tracing started, by a
+				 * kernel thread, or forgotten by the `dirtiers` LRU) */
+	__u64 wb_dirtiers;	/* entries put into `dirtiers` (user space: minus the live
+				 * ones, the evicted) */
+	__u64 names_lost;	/* name records the `names` ring had no room for */
+};
+
+#define IO_PATH_LEN 256		/* a file's path, resolved in the kernel */
+
+/* A file's path, sent once per inode (again when it is renamed or unlinked) through the
+ * `names` ring before any event that names the inode (io_names.bpf.h). */
+struct fileio_name {
+	__u64 ts_ns;		/* CLOCK_MONOTONIC when sent: before the operation's start */
+	__u64 ino;
+	__u32 dev;		/* kernel dev_t of the file's super block */
+	__u32 len;		/* bytes of path, NUL excluded; 0: not resolved */
+	__u32 deleted;		/* unlinked while open */
+	__u32 pad;
+	char path[IO_PATH_LEN];
 };
 
 /* One read or write on a regular file, streamed through the ring buffer. */

@@ -81,8 +81,11 @@ int BPF_PROG(tp_io_start, struct request *rq)
 	struct fileio_inflight *st;
 	struct rq_owner o = {};
 	__u64 key = (__u64)rq;
+	int wb = writeback_owner(rq, task, &o);	/* another process's pages? */
 
-	if (!traced(task->tgid))
+	if (wb > 0)
+		bpf_map_update_elem(&rqs, &key, &o, BPF_ANY);
+	if (wb || !traced(task->tgid))
 		return 0;
 	o.pid = task->tgid;
 	o.tid = task->pid;
@@ -118,6 +121,7 @@ int BPF_PROG(tp_rq_complete, struct request *rq, blk_status_t error, unsigned in
 	struct fileio_disk_key dk = {};
 	struct fileio_disk_stats *s;
 	struct fileio_inflight *st;
+	void *map;
 	bool last;
 	__u32 op;
 	__u64 lat;
@@ -135,10 +139,12 @@ int BPF_PROG(tp_rq_complete, struct request *rq, blk_status_t error, unsigned in
 	dk.pid = o->pid;
 	dk.op = op;
 	dk.start = o->start;
-	s = bpf_map_lookup_elem(&disk_io, &dk);
+	dk.dev = o->dev;	/* non-zero: on behalf of o->pid, into `writeback` */
+	map = o->dev ? (void *)&writeback : (void *)&disk_io;
+	s = bpf_map_lookup_elem(map, &dk);
 	if (!s) {
-		bpf_map_update_elem(&disk_io, &dk, &zero_disk, BPF_NOEXIST);
-		s = bpf_map_lookup_elem(&disk_io, &dk);
+		bpf_map_update_elem(map, &dk, &zero_disk, BPF_NOEXIST);
+		s = bpf_map_lookup_elem(map, &dk);
 		if (s)
 			__builtin_memcpy(s->comm, o->comm, sizeof(s->comm));
 	}
@@ -149,9 +155,11 @@ int BPF_PROG(tp_rq_complete, struct request *rq, blk_status_t error, unsigned in
 		if (last) {
 			s->requests++;
 			s->latency_sum_ns += lat;
+			if (!s->latency_min_ns || lat < s->latency_min_ns)
+				s->latency_min_ns = lat;
 			if (lat > s->latency_max_ns)
 				s->latency_max_ns = lat;
-			s->slots[hist_slot(lat, IO_MAX_SLOTS)]++;
+			s->buckets[hist_bucket(lat, IO_HIST_BUCKETS)]++;
 		}
 	}
 	if (last && o->op_start) {

@@ -49,9 +49,11 @@ def test_json_lines_are_valid_json_with_every_field(tmp_path: Path) -> None:
     assert [x["cached"] for x in lines] == [True, False]
     assert lines[1]["disk_bytes"] == 4096 and lines[1]["io_wait_ns"] == 99
     assert lines[0]["file"] == "7:3:42"
+    assert lines[0]["dev"] == "7:3" and lines[0]["ino"] == 42
     assert lines[0]["wall_time"].endswith("Z") and len(lines[0]["wall_time"]) == 27
     assert set(lines[0]) == {
-        "pid", "tid", "comm", "op", "fd", "file", "bytes", "bytes_requested", "disk_bytes",
+        "pid", "tid", "comm", "op", "fd", "file", "dev", "ino", "bytes", "bytes_requested",
+        "disk_bytes",
         "latency_ns", "cached", "io_wait_ns", "disk_latency_ns", "disk_requests",
         "timestamp_ns", "wall_time",
     }  # fmt: skip
@@ -85,7 +87,7 @@ def test_summarize_sums_cpus_and_splits_op_and_cached() -> None:
     vals["latency_max_ns"] = [[5, 9], [100, 0], [1, 2]]
     vals["first_ns"] = [[0, 7], [3, 0], [1, 1]]
     vals["comm"][0, 1] = b"cat"
-    vals["slots"][0, 0, 3] = 4
+    vals["buckets"][0, 0, 3] = 4
     out = summarize(keys, vals)
     assert set(out) == {100, 200}
     cat = out[100]
@@ -176,6 +178,8 @@ def reference(fmt: EventFormatter, e: Any) -> dict[str, Any]:
         "op": "write" if e["op"] else "read",
         "fd": int(e["fd"]),
         "file": f"8:{int(e['dev']) & 0xFFFFF}:{int(e['ino'])}",
+        "dev": f"8:{int(e['dev']) & 0xFFFFF}",
+        "ino": int(e["ino"]),
         "bytes": int(e["bytes"]),
         "bytes_requested": int(e["bytes_requested"]),
         "disk_bytes": int(e["disk_bytes"]),

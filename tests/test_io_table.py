@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from meridian.bpf import BpfObject, object_path
+from meridian.hist import Layout
+from meridian.tools.io.model import NBUCKETS
 from meridian.tools.io.table import NS, PidTable
 
 if not object_path("io").exists():
@@ -43,9 +45,10 @@ class FakeMap:
             vals[i, 1]["ops"], vals[i, 1]["bytes"] = c["ops"], c["bytes"]
             vals[i, 1]["comm"] = self.comms.get(pid, b"proc%d" % pid)
             vals[i, 1]["first_ns"], vals[i, 1]["last_ns"] = 1, 2
-            for slot, n in c["slots"].items():
-                vals[i, 1]["slots"][slot] = n
-            vals[i, 1]["latency_max_ns"] = (1 << (max(c["slots"]) + 1)) - 1
+            for slot, n in c["slots"].items():  # n latencies of 2**slot ns
+                vals[i, 1]["buckets"][Layout(NBUCKETS).bucket_of(1 << slot)] = n
+            vals[i, 1]["latency_min_ns"] = 1 << min(c["slots"])
+            vals[i, 1]["latency_max_ns"] = 1 << max(c["slots"])
         return keys, vals
 
     def delete(self, keys: np.ndarray[Any, Any]) -> None:

@@ -1,10 +1,12 @@
 """meridian io's block-layer view: device requests per submitting process.
 
 The kernel's `disk_io` map counts block requests per (submitting PID, op) from
-`block_io_start` to `block_rq_complete`: requests, bytes and a log2 histogram of
+`block_io_start` to `block_rq_complete`: requests, bytes and a histogram of
 device latency (issue to completion). It includes what no file operation of the
 process waited for (writeback threads, page faults on mapped files), so it is
-reported beside the per-file-operation summary, not folded into it.
+reported beside the per-file-operation summary, not folded into it. Write requests
+for pages another process dirtied are charged to that process instead (writeback.py):
+a flusher thread keeps only its own share here.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ...hist import Log2Hist
-from .model import first_comm, op_name, percentile_ns
+from ...hist import Hist
+from .model import empty_hist, first_comm, latency_hist, op_name
 
 __all__ = ["BlockStats", "capped_block", "summarize_block"]
 
@@ -29,7 +31,7 @@ class BlockStats:
     bytes: int
     latency_sum_ns: int
     latency_max_ns: int
-    hist: Log2Hist
+    hist: Hist
 
     def add(self, other: BlockStats) -> None:
         self.requests += other.requests
@@ -47,8 +49,8 @@ class BlockStats:
             "requests": self.requests,
             "bytes": self.bytes,
             "latency_avg_ns": self.latency_sum_ns // self.requests if self.requests else 0,
-            "latency_p50_ns": round(percentile_ns(self.hist, 0.5, self.latency_max_ns)),
-            "latency_p99_ns": round(percentile_ns(self.hist, 0.99, self.latency_max_ns)),
+            "latency_p50_ns": round(self.hist.percentile(0.5)),
+            "latency_p99_ns": round(self.hist.percentile(0.99)),
             "latency_max_ns": self.latency_max_ns,
             "latency": self.hist.to_json(),
         }
@@ -68,7 +70,7 @@ def summarize_block(keys: np.ndarray[Any, Any], vals: np.ndarray[Any, Any]) -> l
                 bytes=int(v["bytes"].sum()),
                 latency_sum_ns=int(v["latency_sum_ns"].sum()),
                 latency_max_ns=int(v["latency_max_ns"].max()),
-                hist=Log2Hist(v["slots"].sum(axis=0).astype(np.uint64), "nsecs"),
+                hist=latency_hist(v),
             )
         )
     return sorted(out, key=lambda b: (b.pid, b.op))
@@ -86,6 +88,6 @@ def capped_block(stats: list[BlockStats], max_series: int | None) -> list[BlockS
     other: dict[str, BlockStats] = {}
     for b in stats:
         if b.pid not in keep:
-            empty = Log2Hist.empty(len(b.hist.slots), "nsecs")
+            empty = empty_hist()
             other.setdefault(b.op, BlockStats(0, "other", b.op, 0, 0, 0, 0, empty)).add(b)
     return [b for b in stats if b.pid in keep] + list(other.values())

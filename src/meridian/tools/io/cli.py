@@ -14,7 +14,7 @@ from ...errors import UsageError
 from ...export import add_arguments, from_args
 from .agent import run_options
 from .kernel import STRATEGIES
-from .options import Options
+from .options import DEFAULT_METRICS_MAX_PIDS, Options
 
 __all__ = ["add_parser", "cgroup_id", "cgroup_mounts", "options_from_args", "parse_pids", "run"]
 
@@ -28,6 +28,7 @@ EXAMPLES = """examples:
   meridian io --min-latency 10      # only operations slower than 10 ms
   meridian io --no-events --duration 10   # metrics only: a per-PID summary after 10 s
   meridian io --no-events --prometheus :9435   # Prometheus metrics read from the maps
+  meridian io --no-events --prometheus :9435 --metrics-max-pids all   # every process
   meridian io --top --sort latency  # live per-process view, slowest first (Ctrl-C ends)
   meridian io --top --max-pids 20   # 20 busiest processes, the rest per command name
   meridian io --workload --duration 10 --format text   # demo: a small file workload
@@ -60,8 +61,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--max-pids",
         metavar="N",
-        help="at most N processes get rows of their own (--top, exports); the others are "
+        help="at most N processes get rows of their own (--top); the others are "
         "summed per command name (at most N of those), the rest into one 'other' row",
+    )
+    p.add_argument(
+        "--metrics-max-pids",
+        metavar="N",
+        help=f"exported metrics (Prometheus, OTLP) keep at most N process series: with "
+        f"more processes, the N-1 with the most bytes keep their own and the rest are "
+        f"summed into process_pid=\"other\" (default {DEFAULT_METRICS_MAX_PIDS}; 'all': no cap)",
     )
     p.add_argument("--top", action="store_true", help="live per-process view (needs a terminal)")
     p.add_argument(
@@ -151,6 +159,17 @@ def options_from_args(args: argparse.Namespace) -> Options:
     min_lat = _number(args.min_latency, "--min-latency", 0)
     duration = _number(args.duration, "--duration", 0.001)
     max_series = _number(args.max_pids, "--max-pids", 1, integer=True)
+    metrics_max: float | None = DEFAULT_METRICS_MAX_PIDS
+    if args.metrics_max_pids == "all":
+        metrics_max = None
+    elif args.metrics_max_pids is not None:
+        try:
+            metrics_max = _number(args.metrics_max_pids, "--metrics-max-pids", 1, integer=True)
+        except UsageError:
+            raise UsageError(
+                "--metrics-max-pids takes a number of processes (1 or more) or 'all', "
+                f"got {args.metrics_max_pids!r}"
+            ) from None
     interval = _number(args.interval, "--interval", 0.05) or 1.0
     grace = _number(args.grace, "--grace", 0)
     export = from_args(args)
@@ -172,6 +191,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         interval=interval,
         grace=30.0 if grace is None else grace,
         max_series=int(max_series) if max_series else None,
+        metrics_max_series=None if metrics_max is None else int(metrics_max),
         top=args.top,
         sort=args.sort,
         # --top draws from the aggregates: no event stream, so nothing to drop.

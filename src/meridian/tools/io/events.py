@@ -31,6 +31,7 @@ import numpy as np
 
 from ... import proc
 from .model import OPS
+from .names import NameCache
 
 __all__ = ["CHUNK", "TEXT_HEADER", "EventFormatter"]
 
@@ -110,8 +111,9 @@ class EventFormatter:
     Strings (comm, file) are JSON-escaped once per distinct value and remembered (at
     most `CACHE_MAX` of each: the tables are emptied when full, never grow without end)."""
 
-    def __init__(self, proc_root: str = "/proc") -> None:
+    def __init__(self, proc_root: str = "/proc", names: NameCache | None = None) -> None:
         self.proc_root = proc_root
+        self.names = names  # the kernel's paths (names.py), first
         self.offset_ns = time.time_ns() - time.monotonic_ns()
         self._comm: dict[bytes, str] = {}
         self._path: dict[tuple[int, int, int, int], str] = {}  # pid, fd, dev, ino
@@ -128,9 +130,15 @@ class EventFormatter:
             s = self._comm[raw] = _json_str(raw.decode(errors="replace"))
         return s
 
-    def path(self, pid: int, fd: int, dev: int, ino: int) -> str:
-        """The file's path from /proc/PID/fd/FD when it still names that inode, else a
-        path seen before for the inode, else MAJOR:MINOR:INODE. JSON-escaped."""
+    def path(self, pid: int, fd: int, dev: int, ino: int, gen: int = -1) -> str:
+        """The file's path as the kernel named it (names.py); without it, from
+        /proc/PID/fd/FD when that still names the inode, else a path seen before for the
+        inode, else MAJOR:MINOR:INODE. JSON-escaped. `gen`: which of a renamed
+        inode's names (NameCache.generations)."""
+        if self.names is not None:
+            named = self.names.get(dev, ino, gen)
+            if named is not None:
+                return named
         key = (pid, fd, dev, ino)
         s = self._path.get(key)
         if s is not None:
@@ -209,6 +217,9 @@ class EventFormatter:
         """The JSON text from '{' to the file name, once per distinct identity."""
         op = np.minimum(ev["op"], 1)
         cols = [ev["pid"], ev["tid"], op, ev["fd"], ev["dev"], ev["ino"]]
+        gen = self._generations(ev)
+        if gen is not None:  # an inode renamed: its events before and after differ
+            cols.append(gen)
         comm = np.frombuffer(np.ascontiguousarray(ev["comm"]).tobytes(), np.uint64)
         comm = comm.reshape(len(ev), -1)
         cols += [comm[:, i] for i in range(comm.shape[1])]
@@ -217,7 +228,7 @@ class EventFormatter:
         h = (pid << np.uint64(32)) | tid
         h ^= ino * _M1
         h ^= ((dev << np.uint64(32)) | (fd & np.uint64(0xFFFFFFFF)) | (o << np.uint64(31))) * _M2
-        for i, w in enumerate(u64[6:]):
+        for i, w in enumerate(u64[6:]):  # comm words (and the name generation)
             h ^= w * (_M3 if i % 2 == 0 else _M4) + np.uint64(i)
         _, first, inv = np.unique(h, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
@@ -229,12 +240,14 @@ class EventFormatter:
         rows = zip(
             *(ev[f][first].tolist() for f in ("pid", "tid", "comm", "fd", "dev", "ino")),
             op[first].tolist(),
+            (gen[first] if gen is not None else np.full(len(first), -1)).tolist(),
             strict=True,
         )
         texts = [
             f'{{"pid":{p},"tid":{t},"comm":{self.comm(c)},"op":"{OPS[o]}",'
-            f'"fd":{f},"file":{self.path(p, f, d, i)}'
-            for p, t, c, f, d, i, o in rows
+            f'"fd":{f},"file":{self.path(p, f, d, i, g)},'
+            f'"dev":"{proc.dev_major(d)}:{proc.dev_minor(d)}","ino":{i}'
+            for p, t, c, f, d, i, o, g in rows
         ]
         if len(texts) == 1:
             return texts[0]
@@ -272,15 +285,24 @@ class EventFormatter:
 
     # ---- text for people --------------------------------------------------------------
 
+    def _generations(self, ev: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        """Which name of its inode each event takes (None: the newest for all)."""
+        if self.names is None:
+            return None
+        start = ev["ts_ns"].astype(np.int64) - ev["latency_ns"].astype(np.int64)
+        return self.names.generations(ev["dev"], ev["ino"], start)
+
     def files(self, ev: np.ndarray[Any, Any]) -> list[str]:
         path = self.path
+        gen = self._generations(ev)
         return [
-            path(p, f, d, i)
-            for p, f, d, i in zip(
+            path(p, f, d, i, g)
+            for p, f, d, i, g in zip(
                 ev["pid"].tolist(),
                 ev["fd"].tolist(),
                 ev["dev"].tolist(),
                 ev["ino"].tolist(),
+                (gen if gen is not None else np.full(len(ev), -1)).tolist(),
                 strict=True,
             )
         ]

@@ -18,9 +18,10 @@ import numpy as np
 from ...bpf import BpfObject, RingBuffer, Strategy, choose, hook_exists
 from ...proc import CLOCK_TICK_NS, thread_slots
 from ...session import Session
+from .names import NameCache
 from .options import Options
 
-__all__ = ["BLOCK", "SIGNALS", "STRATEGIES", "SYSCALLS", "FileIO"]
+__all__ = ["BLOCK", "SIGNALS", "STRATEGIES", "SYSCALLS", "WRITEBACK", "FileIO"]
 
 SYSCALLS: tuple[str, ...] = ("read", "pread64", "readv", "preadv", "preadv2")
 SYSCALLS += ("write", "pwrite64", "writev", "pwritev", "pwritev2")
@@ -59,6 +60,8 @@ STRATEGIES = (
 SIGNALS = ("tp_page_added", "tp_bio_queue", "tp_sched_switch")
 # Block requests by submitting process and their device latency (block_io_start: 6.5+).
 BLOCK = ("tp_io_start", "tp_rq_issue", "tp_rq_complete")
+# Who dirtied each inode's pages, so its writeback is charged to it (io_writeback.bpf.h).
+WRITEBACK = ("tp_dirty_folio",)
 
 
 class FileIO(Session):
@@ -71,16 +74,22 @@ class FileIO(Session):
         self.opts = opts
         self.strategy = choose(STRATEGIES, opts.strategy)
         self.selected: list[str] = []
+        self.names = NameCache(forget=self._forget)  # the kernel's paths, per inode
+        self.names_ring: RingBuffer | None = None
 
     def programs(self, obj: BpfObject) -> list[str]:
         """The strategy's programs whose hooks this kernel has, plus the disk signals."""
         progs = [p for p in self.strategy.programs if hook_exists(obj.programs[p].section)]
         block = [p for p in BLOCK if hook_exists(obj.programs[p].section)]
-        return progs + list(SIGNALS) + (block if len(block) == len(BLOCK) else [])
+        if len(block) != len(BLOCK):
+            return progs + list(SIGNALS)
+        wb = [p for p in WRITEBACK if hook_exists(obj.programs[p].section)]
+        return progs + list(SIGNALS) + block + (wb if len(wb) == len(WRITEBACK) else [])
 
     def setup(self, obj: BpfObject) -> None:
         o = self.opts
         slots = o.thread_slots or thread_slots()
+        self.selected = self.programs(obj)
         obj.set_rodata(
             {
                 "filter_pid": bool(o.pids),
@@ -94,12 +103,13 @@ class FileIO(Session):
                 "min_latency_ns": o.min_latency_ns,
                 "wakeup_bytes": obj.maps["events"].max_entries // 4,
                 "tick_ns": CLOCK_TICK_NS,
+                "writeback_on": set(WRITEBACK) <= set(self.selected),
             }
         )
         obj.resize("inflight", slots)
         obj.resize("stats", o.max_pids)
         obj.resize("disk_io", o.max_pids)
-        self.selected = self.programs(obj)
+        obj.resize("writeback", o.max_pids)
         obj.select(self.selected)
         obj.load()
         for pid in o.pids:
@@ -110,6 +120,8 @@ class FileIO(Session):
         if not o.no_events:
             assert obj.btf is not None
             self.ring = RingBuffer.of_map(obj.maps["events"], obj.btf.struct_dtype("fileio_event"))
+            names = obj.btf.struct_dtype("fileio_name")
+            self.names_ring = RingBuffer.of_map(obj.maps["names"], names)
 
     def _items(self, name: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         assert self.obj is not None
@@ -125,8 +137,43 @@ class FileIO(Session):
         `fileio_disk_stats` (requests, bytes, device latency sum, max, log2 slots)."""
         return self._items("disk_io")
 
+    def writeback_stats(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """Block requests written back on behalf of the process that dirtied the pages,
+        per (dirtier, device): keys (pid, op, start, dev) and per-CPU values as in
+        `disk_stats`."""
+        return self._items("writeback")
+
+    def counters(self) -> dict[str, int]:
+        """The drop counters, with `wb_evicted`: dirtier entries the LRU forgot (those
+        put in, minus those still there), in place of the count put in."""
+        out = super().counters()
+        put = out.pop("wb_dirtiers", 0)
+        if put:
+            out["wb_evicted"] = max(0, put - len(self._items("dirtiers")[0]))
+        else:
+            out["wb_evicted"] = 0
+        return out
+
     def events(self, timeout: float) -> np.ndarray[Any, Any]:
+        """Events, after the names of their files: each name is sent before the first
+        event naming it, so the names ring drained after the events has them all."""
         if self.ring is None:
             time.sleep(max(timeout, 0))
             return np.empty(0)
-        return self.ring.poll(timeout)
+        ev = self.ring.poll(timeout)
+        if self.names_ring is not None:
+            self.names.add(self.names_ring.poll(0))
+        return ev
+
+    def _forget(self, dev: int, ino: int) -> None:
+        """Have the kernel send this inode's name again (user space lost it)."""
+        if self.obj is not None:
+            key = np.zeros(1, self.obj.maps["named"].key_dtype)
+            key["ino"], key["dev"] = ino, dev
+            self.obj.maps["named"].delete(key[0].tobytes())
+
+    def __exit__(self, *exc: object) -> None:
+        if self.names_ring is not None:
+            self.names_ring.close()
+            self.names_ring = None
+        super().__exit__(*exc)

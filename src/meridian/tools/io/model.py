@@ -1,10 +1,10 @@
 """meridian io's model: what processes did, from the kernel's exact aggregates.
 
 The kernel keeps one aggregate per (process, op, cached): operations, bytes, disk
-bytes, I/O wait, latency sum and maximum, first and last time, and a log2 latency
-histogram, per CPU. `summarize_processes` sums them over CPUs into a `PidSummary` per
-process, its cells `OpStats` by op and cached (True: the page cache served it).
-Everything else (the PID table, the views, the metrics) reads these.
+bytes, I/O wait, latency sum, minimum and maximum, first and last time, and a
+log-linear latency histogram (hist.py), per CPU. `summarize_processes` sums them over
+CPUs into a `PidSummary` per process, its cells `OpStats` by op and cached (True: the
+page cache served it). Everything else (the PID table, the views, the metrics) reads these.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ...hist import Log2Hist
+from ...hist import Hist
 from ...output import iso_now
 from ...proc import start_wall_ns
 
@@ -23,8 +23,8 @@ __all__ = [
     "OpStats",
     "PidSummary",
     "first_comm",
+    "latency_hist",
     "op_name",
-    "percentile_ns",
     "summarize",
     "summarize_processes",
 ]
@@ -43,9 +43,24 @@ def first_comm(per_cpu: np.ndarray[Any, Any]) -> str:
     return comms[0].decode(errors="replace") if comms else ""
 
 
-def percentile_ns(hist: Log2Hist, q: float, max_ns: int) -> float:
-    """A latency percentile of a log2 histogram, never above the exact maximum."""
-    return min(hist.percentile(q), float(max_ns))
+NBUCKETS = (1 + 34 - 4) * 16  # IO_HIST_BUCKETS
+
+
+def latency_hist(per_cpu: np.ndarray[Any, Any]) -> Hist:
+    """The latency histogram (ns) of per-CPU values of `fileio_stats` or
+    `fileio_disk_stats`, with the exact min and max."""
+    mins = per_cpu["latency_min_ns"][per_cpu["latency_min_ns"] > 0]
+    counts = per_cpu["buckets"].sum(axis=0, dtype=np.uint64)
+    return Hist.of_buckets(
+        counts,
+        "nsecs",
+        float(mins.min()) if len(mins) else None,
+        float(per_cpu["latency_max_ns"].max()) if counts.any() else None,
+    )
+
+
+def empty_hist() -> Hist:
+    return Hist.of_buckets(np.zeros(NBUCKETS, np.uint64), "nsecs")
 
 
 @dataclass
@@ -59,7 +74,7 @@ class OpStats:
     latency_max_ns: int = 0
     first_ns: int = 0
     last_ns: int = 0
-    hist: Log2Hist = field(default_factory=lambda: Log2Hist.empty(40, "nsecs"))
+    hist: Hist = field(default_factory=empty_hist)  # with the exact min and max
 
     def add(self, other: OpStats) -> None:
         self.ops += other.ops
@@ -118,8 +133,8 @@ class PidSummary:
                 "io_wait_ns": t.io_wait_ns,
                 "bytes_per_s": round(t.bytes / seconds, 1) if seconds > 0 else None,
                 "latency_avg_ns": t.latency_sum_ns // t.ops,
-                "latency_p50_ns": round(percentile_ns(t.hist, 0.5, t.latency_max_ns)),
-                "latency_p99_ns": round(percentile_ns(t.hist, 0.99, t.latency_max_ns)),
+                "latency_p50_ns": round(t.hist.percentile(0.5)),
+                "latency_p99_ns": round(t.hist.percentile(0.99)),
                 "latency_max_ns": t.latency_max_ns,
                 "cache_hit_ratio": round(self.hit_ratio(op) or 0.0, 6),
                 "first_ns": t.first_ns,
@@ -154,7 +169,7 @@ def summarize_processes(
             latency_max_ns=int(v["latency_max_ns"].max()),
             first_ns=int(firsts.min()) if len(firsts) else 0,
             last_ns=int(v["last_ns"].max()),
-            hist=Log2Hist(v["slots"].sum(axis=0).astype(np.uint64), "nsecs"),
+            hist=latency_hist(v),
         )
         ps = out.setdefault((pid, start), PidSummary(pid, first_comm(v), start=start))
         ps.cells[(op_name(int(k["op"])), bool(k["cached"]))] = s

@@ -6,21 +6,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from ...hist import Log2Hist
+from ...hist import Hist
 from ...output import JsonWriter, fmt_bytes, print_table
 from .block import BlockStats
-from .model import OPS, PidSummary, percentile_ns
+from .model import OPS, PidSummary
+from .writeback import WritebackStats
 
 __all__ = ["report"]
 
 LATENCY = ["P50(us)", "P99(us)", "MAX(us)"]
 PIDS_HEADER = ["COMM", "PID", "OP", "OPS", "BYTES", "THROUGHPUT", *LATENCY, "HIT"]
 BLOCK_HEADER = ["COMM", "PID", "OP", "REQUESTS", "BYTES", *LATENCY]
+WRITEBACK_HEADER = ["COMM", "PID", "DEVICE", "REQUESTS", "BYTES", *LATENCY]
 
 
-def _latency_us(hist: Log2Hist, max_ns: int) -> list[str]:
+def _latency_us(hist: Hist, max_ns: int) -> list[str]:
     """p50, p99 and max in microseconds."""
-    p50, p99 = (percentile_ns(hist, q, max_ns) for q in (0.5, 0.99))
+    p50, p99 = (hist.percentile(q) for q in (0.5, 0.99))
     return [f"{p50 / 1e3:.1f}", f"{p99 / 1e3:.1f}", f"{max_ns / 1e3:.1f}"]
 
 
@@ -32,10 +34,12 @@ def report(
     out: TextIO,
     rolling: dict[int, dict[str, Any]] | None = None,
     block: list[BlockStats] | None = None,
+    writeback: list[WritebackStats] | None = None,
 ) -> None:
     """The per-PID summary; `rolling` (PidTable.rolling()) adds each live process's
     1 s / 10 s / 60 s throughput per op to the JSON objects; `block` the device
-    requests per submitting process (block.py)."""
+    requests per submitting process (block.py); `writeback` the write requests issued
+    on behalf of the process that dirtied the pages (writeback.py)."""
     if as_json:
         w = JsonWriter(out)
         for ps in pids:
@@ -46,6 +50,8 @@ def report(
             w.write(d)
         for b in block or []:
             w.write(b.as_dict())
+        for wb in writeback or []:
+            w.write(wb.as_dict())
         w.write({"type": "lost", "seconds": round(seconds, 6), **counters})
         return
     rows = []
@@ -75,6 +81,20 @@ def report(
                     *_latency_us(b.hist, b.latency_max_ns),
                 ]
                 for b in block
+            ],
+            out,
+        )
+    if writeback:
+        print("\nwritten back on behalf of (the process that dirtied the pages):", file=out)
+        print_table(
+            WRITEBACK_HEADER,
+            [
+                [
+                    *(wb.comm, str(wb.pid), wb.device, str(wb.block.requests)),
+                    fmt_bytes(wb.block.bytes),
+                    *_latency_us(wb.block.hist, wb.block.latency_max_ns),
+                ]
+                for wb in writeback
             ],
             out,
         )

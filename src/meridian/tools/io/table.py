@@ -36,15 +36,14 @@ from typing import Any
 
 import numpy as np
 
-from ...hist import Log2Hist
+from ...hist import Hist
 from ...proc import proc_start
-from .model import OPS, PidSummary, percentile_ns, summarize_processes
+from .model import OPS, PidSummary, empty_hist, summarize_processes
 
 __all__ = ["RETIRED_MAX", "WINDOWS", "OpView", "PidTable", "ProcessAlive", "Row"]
 
 WINDOWS = (1, 10, 60)  # seconds
 RETIRED_MAX = 4096
-NSLOTS = 40
 NS = 1_000_000_000
 FINE_NS = 12 * NS  # every sample this recent is kept; older ones one per FINE_NS
 
@@ -109,8 +108,8 @@ class OpView:
     span_s: dict[int, float] = field(default_factory=lambda: dict.fromkeys(WINDOWS, 0.0))
     interval_ops: int = 0
     interval_cached_ops: int = 0
-    interval_hist: Log2Hist = field(default_factory=lambda: Log2Hist.empty(NSLOTS, "nsecs"))
-    hist: Log2Hist = field(default_factory=lambda: Log2Hist.empty(NSLOTS, "nsecs"))
+    interval_hist: Hist = field(default_factory=empty_hist)
+    hist: Hist = field(default_factory=empty_hist)
 
     def add(self, o: OpView) -> None:
         self.ops += o.ops
@@ -138,7 +137,7 @@ class OpView:
 
     def percentile_ns(self, q: float, interval: bool = True) -> float | None:
         h = self.interval_hist if interval else self.hist
-        return percentile_ns(h, q, self.latency_max_ns) if h.total else None
+        return h.percentile(q) if h.total else None
 
 
 @dataclass
@@ -169,7 +168,7 @@ class _Series:
     """One process and op: cumulative samples and the previous histogram."""
 
     history: deque[Sample]
-    slots: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(NSLOTS, np.uint64))
+    prev: Hist = field(default_factory=empty_hist)  # the histogram at the last push
     view: OpView = field(default_factory=OpView)
 
     def push(self, s: Sample) -> None:
@@ -268,8 +267,8 @@ class PidTable:
         last = s.history[-2] if len(s.history) >= 2 else s.history[-1]
         v.interval_ops = t.ops - last[1]
         v.interval_cached_ops = cached - last[3]
-        v.interval_hist = Log2Hist(t.hist.slots - s.slots, "nsecs")
-        s.slots = t.hist.slots.copy()
+        v.interval_hist = t.hist.since(s.prev) if s.prev.total else t.hist
+        s.prev = t.hist
         v.hist = t.hist
         v.ops, v.bytes, v.cached_ops, v.disk_bytes = t.ops, t.bytes, cached, t.disk_bytes
         v.latency_max_ns, v.first_ns, v.last_ns = t.latency_max_ns, t.first_ns, t.last_ns

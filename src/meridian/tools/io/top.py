@@ -15,10 +15,10 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from ...errors import UsageError
-from ...hist import Log2Hist
+from ...hist import Hist
 from ...output import fmt_bytes
-from .model import percentile_ns
-from .table import NSLOTS, PidTable, Row
+from .model import empty_hist
+from .table import PidTable, Row
 
 __all__ = ["SORTS", "check_terminal", "fmt_ns", "render", "run_top", "sort_rows"]
 
@@ -41,8 +41,8 @@ def fmt_ns(ns: float | None) -> str:
     return f"{ns:.0f}ns"
 
 
-def _latency(row: Row) -> Log2Hist:
-    h = Log2Hist.empty(NSLOTS, "nsecs")
+def _latency(row: Row) -> Hist:
+    h = empty_hist()
     for v in row.ops.values():
         h = h + v.interval_hist
     return h
@@ -50,7 +50,7 @@ def _latency(row: Row) -> Log2Hist:
 
 def _p(row: Row, q: float) -> float | None:
     h = _latency(row)
-    return percentile_ns(h, q, max(v.latency_max_ns for v in row.ops.values())) if h.total else None
+    return h.percentile(q) if h.total else None
 
 
 def _interval_ops(row: Row) -> int:
