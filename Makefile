@@ -13,8 +13,11 @@ BPF_OBJ   := $(patsubst bpf/%.bpf.c,$(OBJDIR)/%.bpf.o,$(BPF_SRC))
 ARCH      := $(shell uname -m | sed -e 's/x86_64/x86/' -e 's/aarch64/arm64/')
 CLANG     ?= clang
 BPFTOOL   ?= bpftool
-DEB_PKGS  := clang llvm libbpf-dev bpftool bpftrace fio e2fsprogs util-linux zstd gcc libc6-dev \
-             prometheus iperf3 iproute2 clickhouse-server chromium
+# Each test that would otherwise skip needs its package here (MERIDIAN_REQUIRE_BPF=1 fails
+# a skip): gcc, libc6-dev and binutils (nm) build test programs, util-linux has setpriv,
+# taskset and losetup, mount mounts tracefs and securityfs.
+DEB_PKGS  := clang llvm libbpf-dev bpftool bpftrace fio e2fsprogs util-linux mount zstd gcc \
+             libc6-dev binutils prometheus iperf3 iproute2 clickhouse-server chromium
 PYTEST_ARGS ?=
 
 .PHONY: help deps venv bpf run test lint bench clean
@@ -71,6 +74,7 @@ lint: venv
 	$(VENV)/bin/mypy
 
 bench: venv bpf
+	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/run.py
 
 clean:

@@ -3,6 +3,8 @@ tell the truth, and errors a person can act on."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import shutil
 import subprocess
@@ -73,6 +75,77 @@ def test_hardware_events_fail_as_not_supported_when_the_probe_says_so() -> None:
     else:
         with pytest.raises(NotSupported, match="hardware perf events"):
             open_per_cpu(PerfEvent.CPU_CYCLES, sample_period=1_000_000)
+
+
+def test_every_feature_probe_equals_the_independent_fact() -> None:
+    """Each probe against a fact found apart: bpftool loading a program compiled here,
+    tracefs (kprobe_events) and bpftool's own feature probe."""
+    from host_facts import bpftool_probe, features
+
+    for name, fact in features().items():
+        assert probe(name).ok == fact, (name, probe(name))
+    assert probe("fentry").ok == ("program_type tracing is available" in bpftool_probe())
+
+
+def test_every_tool_chooses_the_strategy_the_host_facts_predict() -> None:
+    """choose() on each tool's list equals the first strategy whose needs the
+    independent facts grant (tp_btf here: fentry refused, no kprobes)."""
+    from host_facts import expected_strategy
+
+    from meridian.bpf import choose
+    from meridian.tools import biolat, io, memlat, runqlat, syscalls
+
+    for tool in (biolat, io, memlat, runqlat, syscalls):
+        assert choose(tool.STRATEGIES).name == expected_strategy(tool.STRATEGIES), tool
+
+
+def test_doctor_says_why_fentry_and_kprobes_are_refused() -> None:
+    """doctor names the lockdown mode as /sys/kernel/security/lockdown states it, and
+    for a refused kprobe the missing kprobe support, as tracefs and the kernel config
+    state it; its strategy lines are the ones the host facts predict."""
+    from host_facts import config_kprobes, expected_strategy, features, lockdown_mode
+
+    from meridian.tools import io, memlat, runqlat, syscalls
+
+    d = subprocess.run(
+        [sys.executable, "-m", "meridian", "doctor"], capture_output=True, text=True, timeout=60
+    )
+    assert d.returncode == 0, d.stderr
+    lines = d.stdout.splitlines()
+    mode = lockdown_mode()
+    assert f"lockdown    {mode}" in lines
+    whys = {}
+    for prev, line in itertools.pairwise(lines):
+        if line.strip().startswith("why: "):
+            whys[prev.split()[0]] = line.strip()[5:]
+    if features()["fentry"]:
+        assert "fentry" not in whys
+    else:
+        assert "fentry" in whys
+        locked = f"the kernel is locked down ({mode}," if mode != "none" else "not locked down"
+        assert locked in whys["fentry"]
+    kprobe_events = Path("/sys/kernel/tracing/kprobe_events")
+    if kprobe_events.exists():
+        assert "kprobe" not in whys or "no kprobe support" not in whys["kprobe"]
+    else:
+        assert whys["kprobe"].startswith(
+            f"this kernel has no kprobe support: {kprobe_events} does not exist"
+        )
+        config = config_kprobes()
+        if config == "# CONFIG_KPROBES is not set":
+            assert "CONFIG_KPROBES is not set (" in whys["kprobe"]
+    for tool in (io, memlat, runqlat, syscalls):
+        name = tool.__name__.rsplit(".", 1)[1]
+        assert [name, expected_strategy(tool.STRATEGIES)] in [ln.split()[:2] for ln in lines]
+    j = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "meridian", "doctor", "--json"],
+            capture_output=True, text=True, timeout=60,
+        ).stdout
+    )  # fmt: skip
+    assert j["lockdown"] == mode
+    assert j["features"]["kprobe"]["ok"] == kprobe_events.exists()
+    assert bool(j["features"]["kprobe"]["why"]) != kprobe_events.exists()
 
 
 def test_probes_agree_with_the_kernel() -> None:

@@ -67,3 +67,23 @@ def test_bad_frequency_is_a_usage_error() -> None:
         KernelSource(CLOCK, frequency=0)
     with pytest.raises(UsageError, match="-F 10000000"):
         KernelSource(CLOCK, frequency=10_000_000)
+
+
+@pytest.mark.kernel
+def test_strategy_chosen_on_this_kernel_is_the_one_the_host_facts_predict() -> None:
+    """No fakes: the strategy _pick takes here equals the first one whose features
+    bpftool and tracefs grant and whose hooks the kernel's BTF has (fentry loads are
+    refused on this workplace's kernels: tp_btf); a refused one cannot be forced."""
+    from host_facts import expected_strategy, features
+
+    from meridian.errors import NotSupported
+    from meridian.tools.sentinel.kernel import NET_PROGRAMS, STRATEGIES, _pick
+
+    expected = expected_strategy(STRATEGIES, NET_PROGRAMS)
+    assert _pick(None).name == expected
+    for s in STRATEGIES:
+        if all(features()[f] for f in s.needs):
+            assert _pick(s.name).name == s.name
+        else:
+            with pytest.raises(NotSupported):
+                _pick(s.name)

@@ -18,6 +18,7 @@ from pathlib import Path
 from ..errors import BpfError, MeridianError, NotSupported
 from ..system import KERNEL_BTF, TRACEFS
 from . import _libbpf as L
+from . import refusals
 from .object import BpfObject
 from .perf import PerfEvent, open_per_cpu, perf_event_attr
 
@@ -48,10 +49,11 @@ class Probe:
     ok: bool
     detail: str
     fix: str = ""
+    why: str = ""  # the host's own reason for a refusal (lockdown, kernel config)
 
     def require(self) -> None:
         if not self.ok:
-            raise NotSupported(self.feature, self.detail, self.fix)
+            raise NotSupported(self.feature, self.detail, self.why or self.fix)
 
 
 FEATURES = {
@@ -91,7 +93,16 @@ def _try_program(feature: str, program: str) -> Probe:
             obj.attach([program])
         return Probe(feature, True, "loads and attaches")
     except BpfError as exc:
-        return Probe(feature, False, _short(exc), _FIXES.get(feature, ""))
+        return Probe(feature, False, _short(exc), _FIXES.get(feature, ""), _why(feature))
+
+
+def _why(feature: str) -> str:
+    """The host's reason for refusing `feature`, where one is known."""
+    if feature == "fentry":
+        return refusals.fentry_reason()
+    if feature == "kprobe":
+        return refusals.kprobe_reason()
+    return ""
 
 
 def _short(exc: BpfError) -> str:

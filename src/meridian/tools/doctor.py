@@ -9,7 +9,7 @@ import platform
 import sys
 from typing import Any
 
-from ..bpf import features
+from ..bpf import features, refusals
 from ..errors import MeridianError
 from ..output import JsonWriter
 from ..system import KERNEL_BTF, ensure_tracefs, has_bpf_privileges, raise_memlock
@@ -64,13 +64,16 @@ def run(args: argparse.Namespace) -> int:
     except MeridianError as exc:
         report["tracefs"] = None
         report["tracefs_error"] = str(exc)
+    refusals.ensure_securityfs()
+    report["lockdown"] = refusals.lockdown()
     raise_memlock()
     probes = {}
     can_run = report["privileges"] and report["btf"]
     if can_run:
         probes = {name: features.probe(name) for name in features.FEATURES}
         report["features"] = {
-            n: {"ok": p.ok, "detail": p.detail, "fix": p.fix} for n, p in probes.items()
+            n: {"ok": p.ok, "detail": p.detail, "fix": p.fix, "why": p.why}
+            for n, p in probes.items()
         }
         report["strategies"] = _strategies()
     runnable = can_run and any(p.ok for n, p in probes.items() if n in ("tracepoint", "tp_btf"))
@@ -91,11 +94,14 @@ def run(args: argparse.Namespace) -> int:
         f"tracefs     {yes(report['tracefs'] is not None)}  "
         + (report["tracefs"] or report.get("tracefs_error", ""))
     )
+    print(f"lockdown    {report['lockdown'] or 'unknown (no /sys/kernel/security/lockdown)'}")
     if probes:
         print("\nfeatures")
         for name, p in probes.items():
             fix = f"  ({p.fix})" if (p.fix and not p.ok) else ""
             print(f"  {name:<11} {yes(p.ok)}  {features.FEATURES[name]}: {p.detail}{fix}")
+            if p.why and not p.ok:
+                print(f"  {'':<11}      why: {p.why}")
         print("\nstrategies")
         for tool, strategy in report["strategies"].items():
             print(f"  {tool:<11} {strategy}")
