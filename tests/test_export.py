@@ -42,7 +42,7 @@ def _source(state: dict[str, int]) -> Callable[[], list[Family]]:
                 "histogram",
                 "s",
                 "latency",
-                [HistPoint(a, slots, 1e-6, 123e-6, 200e-6)],
+                [HistPoint(a, slots, 1e-6, 123e-6, 200e-6, 3e-6)],
             ),
         ]
 
@@ -173,7 +173,7 @@ def _check_export(got: Received, state: dict[str, int]) -> None:
     assert list(h.bucket_counts) == [0, 2, 0, state["n"], 0, 0, 0, 1]
     assert list(h.explicit_bounds) == pytest.approx([2e-6, 4e-6, 8e-6, 16e-6, 32e-6, 64e-6, 128e-6])
     assert h.count == 3 + state["n"] and h.sum == pytest.approx(123e-6)
-    assert h.HasField("max") and not h.HasField("min")
+    assert h.HasField("max") and h.min == pytest.approx(3e-6)
     assert h.max == pytest.approx(200e-6)
     [(_, g)] = got.latest_points("process.disk.cache.hit_ratio")
     assert g.as_double == 0.25

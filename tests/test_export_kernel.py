@@ -389,6 +389,12 @@ def test_memlat_exports_its_histograms_on_prometheus_and_otlp() -> None:
         ]
         assert total == [pytest.approx(dp.sum)]
         assert 0 < dp.max <= dp.sum
+        # The kernel's exact minimum lies in the first non-empty bucket.
+        first = next(i for i, n in enumerate(dp.bucket_counts) if n)
+        assert 0 < dp.min <= dp.max
+        assert (first == 0 or dp.explicit_bounds[first - 1] <= dp.min) and (
+            first == len(dp.explicit_bounds) or dp.min < dp.explicit_bounds[first]
+        )
 
 
 def test_runqlat_exports_its_histogram_over_otlp_http() -> None:

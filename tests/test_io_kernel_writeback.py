@@ -20,7 +20,7 @@ from meridian.export.series import Point
 from meridian.proc import kernel_dev
 from meridian.tools.io.block import summarize_block
 from meridian.tools.io.kernel import FileIO
-from meridian.tools.io.metrics import block_series
+from meridian.tools.io.metrics import block_series, io_source
 from meridian.tools.io.options import Options
 from meridian.tools.io.writeback import WritebackStats, by_process, summarize_writeback
 
@@ -93,6 +93,7 @@ def test_writeback_is_charged_to_dd(disk: Disk) -> None:
         wb = summarize_writeback(*tool.writeback_stats())
         block = summarize_block(*tool.disk_stats())
         counters = tool.counters()
+        exported = {f.name: f for f in io_source(tool)()}
     ours = [w for w in wb if w.pid == pid]
     assert ours and {w.comm for w in ours} == {"dd"} and {w.device for w in ours} == {disk.name}
     dd_bytes = charged(wb, pid, disk)
@@ -115,6 +116,13 @@ def test_writeback_is_charged_to_dd(disk: Disk) -> None:
         for p in points
         if isinstance(p, Point) and p.attrs["meridian.io.writeback"]
     ] == [("write", dd_bytes)]  # (dd's own start-up reads have `false`)
+    # ... and in process.disk.io, as the process's own file I/O is, told apart by it.
+    disk_io = [p for p in exported["process.disk.io"].points if p.attrs["process.pid"] == pid]
+    assert {
+        (p.attrs["disk.io.direction"], p.attrs["meridian.io.writeback"]): p.value
+        for p in disk_io
+        if isinstance(p, Point)
+    }[("write", True)] == dd_bytes
 
 
 def test_pid_filter_selects_the_writer(disk: Disk) -> None:

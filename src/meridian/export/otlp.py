@@ -201,9 +201,8 @@ class OtlpMetrics:
                 dp.count, dp.sum = p.count, p.sum
                 dp.bucket_counts.extend(int(n) for n in p.slots.tolist())
                 dp.explicit_bounds.extend(log2_bounds(len(p.slots), p.scale))
-                low = getattr(p, "min", None)  # when the kernel keeps it
-                if low is not None:
-                    dp.min = low
+                if p.min is not None:
+                    dp.min = p.min
                 if p.max is not None:
                     dp.max = p.max
             return

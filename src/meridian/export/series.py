@@ -40,6 +40,7 @@ class HistPoint:
     scale: float  # one kernel unit in seconds (1e-9 for nsecs, 1e-6 for usecs)
     sum: float  # seconds, exact (the kernel adds the latencies in ns)
     max: float | None = None  # seconds, when the kernel keeps the largest one
+    min: float | None = None  # seconds, when the kernel keeps the smallest one
 
     @property
     def count(self) -> int:

@@ -15,7 +15,8 @@ def hist_point(attrs: Attrs, cell: Cell, unit_ns: int) -> HistPoint:
     """The cell as an exported histogram in seconds (its log2 slots: the exporters' `le`
     buckets), with its exact sum and max."""
     slots = cell.hist("", unit_ns).slots
-    return HistPoint(attrs, slots, unit_ns * 1e-9, cell.sum_ns / 1e9, cell.max_ns / 1e9)
+    low = cell.min_ns / 1e9 if cell.min_ns else None
+    return HistPoint(attrs, slots, unit_ns * 1e-9, cell.sum_ns / 1e9, cell.max_ns / 1e9, low)
 
 
 def process_attrs(pid: int, comm: str) -> Attrs:

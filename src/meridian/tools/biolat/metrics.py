@@ -42,7 +42,12 @@ def series(snap: Snapshot, opts: Options) -> list[Family]:
             h = merged(cells, opts.unit, opts.unit_ns)
             total = sum(c.sum for _, c in cells)
             top = max(c.max for _, c in cells)
-            fam.points.append(HistPoint(a, h.slots, opts.unit_ns * 1e-9, total / 1e9, top / 1e9))
+            low = min((c.min for _, c in cells if c.min), default=0)
+            fam.points.append(
+                HistPoint(
+                    a, h.slots, opts.unit_ns * 1e-9, total / 1e9, top / 1e9, low / 1e9 or None
+                )
+            )
             if kind == KIND_LATENCY:
                 nbytes.points.append(Point(a, sum(c.bytes for _, c in cells)))
                 ops.points.append(Point(a, h.total))

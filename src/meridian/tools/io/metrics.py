@@ -12,7 +12,7 @@ per-command rows, is for people; this is for a time-series store).
 
 | OpenTelemetry name                  | Prometheus name                               | attributes |
 | ----------------------------------- | --------------------------------------------- | ---------- |
-| process.disk.io (By)                | process_disk_io_bytes_total                   | P, D       |
+| process.disk.io (By)                | process_disk_io_bytes_total                   | P, D, W    |
 | process.disk.operations             | process_disk_operations_total                 | P, D, C    |
 | process.disk.operation.duration (s) | process_disk_operation_duration_seconds       | P, D, C    |
 | process.disk.device.io (By)         | process_disk_device_io_bytes_total            | P, D       |
@@ -26,9 +26,12 @@ per-command rows, is for people; this is for a time-series store).
 | meridian.block.request.duration (s) | meridian_block_request_duration_seconds       | P, D       |
 
 P: process.pid, process.executable.name; D: disk.io.direction (read, write);
-C: meridian.io.cached (true: served by the page cache). The block families count
-device requests by the process that submitted them (block.py, `block_series()`). First and
-last times are Unix times in seconds; latency buckets are the kernel's log2 nanosecond slots.
+C: meridian.io.cached (true: served by the page cache); W: meridian.io.writeback (true:
+bytes written back to disk for pages the process dirtied, charged to it, not the
+flusher). The block families count device requests by the process that submitted them
+(block.py, `block_series()`). First and last times are Unix times in seconds; latency
+buckets are the kernel's log2 nanosecond slots (its log-linear buckets summed), with
+the exact sum, min and max.
 """
 
 from __future__ import annotations
@@ -68,7 +71,8 @@ Group = tuple[dict[str, str | int | bool], PidSummary]  # series attributes, wha
 
 def latency_point(attrs: Attrs, hist: Log2Hist, sum_ns: int, max_ns: int) -> HistPoint:
     """A latency histogram of the kernel's log2 nanosecond slots, in seconds."""
-    return HistPoint(attrs, hist.slots, 1e-9, sum_ns / 1e9, max_ns / 1e9)
+    low = None if hist.lo is None else hist.lo / 1e9
+    return HistPoint(attrs, hist.slots, 1e-9, sum_ns / 1e9, max_ns / 1e9, low)
 
 
 def capped(pids: Mapping[int, PidSummary], max_series: int | None) -> list[Group]:
@@ -137,9 +141,22 @@ def io_series(
     return series_of(capped(pids, max_series), lost, mono_to_unix_ns)
 
 
-def series_of(groups: list[Group], lost: Mapping[str, int], mono_to_unix_ns: int) -> list[Family]:
-    """The exported families of these series groups (`capped`, `snapshot_groups`)."""
-    nbytes = Family("process.disk.io", "counter", "By", "Bytes read and written on regular files")
+def series_of(
+    groups: list[Group],
+    lost: Mapping[str, int],
+    mono_to_unix_ns: int,
+    writeback: Sequence[BlockStats] = (),
+) -> list[Family]:
+    """The exported families of these series groups (`capped`, `snapshot_groups`), and
+    in `process.disk.io` with `meridian.io.writeback` true the bytes written back on
+    behalf of each process (`writeback`, per process and op, summed over devices)."""
+    nbytes = Family(
+        "process.disk.io",
+        "counter",
+        "By",
+        "Bytes read and written on regular files; meridian.io.writeback=true: bytes the "
+        "kernel wrote back to disk for pages the process dirtied",
+    )
     ops = Family(
         "process.disk.operations",
         "counter",
@@ -163,7 +180,7 @@ def series_of(groups: list[Group], lost: Mapping[str, int], mono_to_unix_ns: int
             if not t.ops:
                 continue
             pd: dict[str, str | int | bool] = {**proc, "disk.io.direction": op}
-            nbytes.points.append(Point(pd, t.bytes))
+            nbytes.points.append(Point({**pd, "meridian.io.writeback": False}, t.bytes))
             device.points.append(Point(pd, t.disk_bytes))
             wait.points.append(Point(pd, t.io_wait_ns / 1e9))
             ratio.points.append(Point(pd, ps.hit_ratio(op) or 0.0))
@@ -176,6 +193,14 @@ def series_of(groups: list[Group], lost: Mapping[str, int], mono_to_unix_ns: int
                 pdc: dict[str, str | int | bool] = {**pd, "meridian.io.cached": cached}
                 ops.points.append(Point(pdc, s.ops))
                 lat.points.append(latency_point(pdc, s.hist, s.latency_sum_ns, s.latency_max_ns))
+    for b in writeback:
+        wb: dict[str, str | int | bool] = {
+            "process.pid": b.pid or OTHER,
+            "process.executable.name": b.comm,
+            "disk.io.direction": b.op,
+            "meridian.io.writeback": True,
+        }
+        nbytes.points.append(Point(wb, b.bytes))
     for reason, n in lost.items():
         lost_f.points.append(Point({"reason": reason}, n))
     return [nbytes, ops, lat, device, wait, ratio, first, last, lost_f]
@@ -218,8 +243,10 @@ def io_source(tool: FileIO, max_series: int | None = None) -> Source:
 
     def source() -> list[Family]:
         groups = snapshot_groups(*tool.stats(), max_series)
-        files = series_of(groups, tool.counters(), offset)
         wb = by_process(summarize_writeback(*tool.writeback_stats()))
+        if max_series is not None and len({b.pid for b in wb}) > max_series:
+            wb = capped_block(list(wb), max_series - 1)
+        files = series_of(groups, tool.counters(), offset, wb)
         return files + block_series(summarize_block(*tool.disk_stats()), max_series, wb)
 
     return source
