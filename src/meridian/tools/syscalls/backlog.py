@@ -10,11 +10,10 @@ from .kernel import Capture
 from .raw import decode_frames, frames
 from .record import Syscall
 
-__all__ = ["BACKLOG_BYTES", "CALM", "VIEW_SLICE", "Backlog"]
+__all__ = ["BACKLOG_BYTES", "VIEW_SLICE", "Backlog"]
 
 VIEW_SLICE = 0.02  # seconds the view may take between two drains (raw recording)
 BACKLOG_BYTES = 16 << 20  # raw records waiting for the view, at most
-CALM = 1 << 20  # a drain smaller than this: time to spare for writing JSON lines
 
 
 class Backlog:
@@ -26,12 +25,10 @@ class Backlog:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        # [bytes, next record's byte offset, records not taken yet, offset in the stream]
+        # [bytes, next record's byte offset, records not taken yet]
         self._chunks: collections.deque[list[Any]] = collections.deque()
         self.bytes = 0
         self.skipped = 0
-        self.pushed = 0  # bytes pushed so far: the stream offset of the next chunk
-        self.taken = (0, 0)  # stream bytes of the records the last take() returned
 
     def __bool__(self) -> bool:
         return bool(self._chunks)
@@ -39,11 +36,10 @@ class Backlog:
     def push(self, chunk: bytes, records: int) -> None:
         if not chunk:
             return
-        self._chunks.append([chunk, 0, records, self.pushed])
+        self._chunks.append([chunk, 0, records])
         self.bytes += len(chunk)
-        self.pushed += len(chunk)
         while self.bytes > self.limit and len(self._chunks) > 1:
-            buf, _, left, _ = self._chunks.popleft()
+            buf, _, left = self._chunks.popleft()
             self.bytes -= len(buf)
             self.skipped += left
 
@@ -51,7 +47,6 @@ class Backlog:
         """Up to `n` of the oldest records, decoded."""
         c = self._chunks[0]
         fr = frames(c[0], c[1], n)
-        self.taken = (c[3] + c[1], c[3] + fr.used)
         c[1], c[2] = fr.used, max(0, c[2] - len(fr))
         if len(fr) < n or fr.used >= len(c[0]):
             self._chunks.popleft()
