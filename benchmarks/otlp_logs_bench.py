@@ -34,6 +34,9 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
+from io_trace import io_layouts  # noqa: E402
+
+EVENT = io_layouts()[0]
 
 RECEIVER = r"""
 import sys, time
@@ -46,13 +49,6 @@ with grpc_receiver() as (port, got):
                 for sl in rl.scope_logs)
         print(n, flush=True)
 """
-
-EVENT = np.dtype(
-    [("ts_ns", "<u8"), ("latency_ns", "<u8"), ("bytes", "<u8"), ("bytes_requested", "<u8"),
-     ("disk_bytes", "<u8"), ("io_wait_ns", "<u8"), ("ino", "<u8"), ("dev", "<u4"),
-     ("pid", "<u4"), ("tid", "<u4"), ("fd", "<i4"), ("op", "<u4"), ("cached", "<u4"),
-     ("comm", "S16")]
-)  # fmt: skip
 
 
 def events(n: int) -> np.ndarray[Any, Any]:

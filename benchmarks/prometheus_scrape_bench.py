@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,13 +36,11 @@ from meridian.export.series import Family
 from meridian.tools.io.metrics import series_of, snapshot_groups
 from meridian.tools.io.options import DEFAULT_METRICS_MAX_PIDS
 
-KEY = np.dtype([("pid", "<u4"), ("op", "<u4"), ("cached", "<u4"), ("start", "<u4")])
-VALUE = np.dtype(
-    [(f, "<u8") for f in ("ops", "bytes", "bytes_requested", "disk_bytes", "io_wait_ns",
-                          "latency_sum_ns", "latency_min_ns", "latency_max_ns", "first_ns",
-                          "last_ns")]
-    + [("buckets", "<u8", (496,)), ("comm", "S16")]
-)  # fmt: skip
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from io_trace import io_layouts
+
+_, KEY, VALUE = io_layouts()
+
 NCPU = 2
 
 

@@ -14,3 +14,13 @@ def reap(child: subprocess.Popen[Any]) -> None:
     for pipe in (child.stdin, child.stdout, child.stderr):
         if pipe is not None:
             pipe.close()
+
+
+def wait_attached(proc: subprocess.Popen[str]) -> None:
+    """Wait for meridian's ready signal: with -v it prints its strategy on stderr once
+    its programs are attached. Fails with the last lines if it exits first."""
+    assert proc.stderr is not None
+    seen: list[str] = []
+    while "strategy:" not in (line := proc.stderr.readline()):
+        assert line, f"meridian exited before attaching: {''.join(seen[-5:])}"
+        seen.append(line)

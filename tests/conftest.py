@@ -115,6 +115,20 @@ def loop_device(tmp_path: Path) -> Iterator[LoopDevice]:
 
 
 @pytest.fixture
+def ext4(loop_device: LoopDevice, tmp_path: Path) -> Iterator[Path]:
+    """An ext4 file system on the loop device, mounted below tmp_path; unmounted even
+    when the test fails (before the loop device is detached)."""
+    subprocess.run(["mkfs.ext4", "-q", "-F", loop_device.path], check=True)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", loop_device.path, str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
 def utc() -> Iterator[None]:
     """TZ=UTC for the test (times print as 22:13:20 for T0), restored after."""
     old = os.environ.get("TZ")

@@ -41,3 +41,15 @@ def io_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "meridian", "io", *args], capture_output=True, text=True, timeout=60
     )
+
+
+def io_layouts() -> tuple[np.dtype[Any], np.dtype[Any], np.dtype[Any]]:
+    """`fileio_event`, and the aggregate map's key and per-CPU value, as io.bpf.o's BTF
+    declares them (opening the object needs no root): synthetic events and map
+    snapshots in tests and benchmarks keep the kernel's layout without a copy of it."""
+    from meridian.bpf import BpfObject, object_path
+
+    with BpfObject(object_path("io")) as obj:
+        assert obj.btf is not None
+        stats = obj.maps["stats"]
+        return obj.btf.struct_dtype("fileio_event"), stats.key_dtype, stats.value_dtype

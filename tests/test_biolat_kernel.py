@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from children import reap
+from children import reap, wait_attached
 from conftest import LoopDevice
 
 from meridian.tools.biolat import Biolat, Options
@@ -39,14 +39,6 @@ def known_workload(loop: LoopDevice) -> tuple[int, int]:
     reader = dd(f"if={loop.path}", "of=/dev/null", "bs=4k", f"count={READS}", "iflag=direct")
     writer = dd("if=/dev/zero", f"of={loop.path}", "bs=64k", f"count={WRITES}", "oflag=direct")
     return reader, writer
-
-
-def attached(p: subprocess.Popen[str]) -> None:
-    """Wait for the tool's ready signal: with -v it prints its strategy on stderr once
-    its programs are attached."""
-    assert p.stderr is not None
-    while "strategy:" not in (line := p.stderr.readline()):
-        assert line, "meridian biolat exited before attaching"
 
 
 def interrupt(p: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
@@ -154,7 +146,7 @@ def test_cli_json_interval_and_ctrl_c_summary(loop_device: LoopDevice) -> None:
         text=True,
     )
     try:
-        attached(p)
+        wait_attached(p)
         dd(f"if={loop_device.path}", "of=/dev/null", "bs=4k", "count=100", "iflag=direct")
         out, err = interrupt(p, 20)
     finally:
@@ -198,7 +190,7 @@ def test_text_report_has_the_bcc_histogram(loop_device: LoopDevice) -> None:
         text=True,
     )
     try:
-        attached(proc)
+        wait_attached(proc)
         dd(f"if={loop_device.path}", "of=/dev/null", "bs=4k", "count=64", "iflag=direct")
         out, err = proc.communicate(timeout=30)
     finally:

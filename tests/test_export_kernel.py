@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from children import reap
+from children import reap, wait_attached
 from conftest import LoopDevice
 from otlp_receiver import Received, grpc_receiver, http_receiver
 
@@ -107,15 +107,6 @@ def launched(*args: str) -> Iterator[subprocess.Popen[str]]:
         stop(proc)
         if proc.stderr is not None:
             proc.stderr.close()
-
-
-def wait_attached(proc: subprocess.Popen[str]) -> None:
-    """`-v` prints the strategy once the programs are attached."""
-    assert proc.stderr is not None
-    seen: list[str] = []
-    while "strategy:" not in (line := proc.stderr.readline()):
-        assert line, f"meridian exited before attaching: {''.join(seen[-5:])}"
-        seen.append(line)
 
 
 def stop(proc: subprocess.Popen[str]) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from io_trace import io_layouts
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.logs.v1 import logs_pb2
 from otlp_receiver import attrs, grpc_receiver, http_receiver
@@ -31,6 +32,8 @@ from meridian.tools.io.events import EventFormatter
 from meridian.tools.io.logs import IoLogs
 from meridian.tools.io.metrics import io_series
 from meridian.tools.io.model import OpStats, PidSummary
+
+EVENT, KEY, VALUE = io_layouts()
 
 # ---- OTLP logs --------------------------------------------------------------------------
 
@@ -85,14 +88,6 @@ def test_log_encoder_writes_what_the_generated_messages_read() -> None:
     assert seen == list(range(3000))
     assert first.attributes[0].value.WhichOneof("value") == "int_value"
     assert first.attributes[1].value.WhichOneof("value") == "bool_value"
-
-
-EVENT = np.dtype(
-    [("ts_ns", "<u8"), ("latency_ns", "<u8"), ("bytes", "<u8"), ("bytes_requested", "<u8"),
-     ("disk_bytes", "<u8"), ("io_wait_ns", "<u8"), ("ino", "<u8"), ("dev", "<u4"),
-     ("pid", "<u4"), ("tid", "<u4"), ("fd", "<i4"), ("op", "<u4"), ("cached", "<u4"),
-     ("comm", "S16")]
-)  # fmt: skip
 
 
 def events(n: int, fd: int, ino: int, dev: int) -> np.ndarray:
@@ -315,15 +310,6 @@ def test_server_serves_the_rendered_text_and_gzip() -> None:
     finally:
         server.close()
     assert plain == zipped == client_text(fams)
-
-
-KEY = np.dtype([("pid", "<u4"), ("op", "<u4"), ("cached", "<u4"), ("start", "<u4")])
-VALUE = np.dtype(
-    [(f, "<u8") for f in ("ops", "bytes", "bytes_requested", "disk_bytes", "io_wait_ns",
-                          "latency_sum_ns", "latency_min_ns", "latency_max_ns", "first_ns",
-                          "last_ns")]
-    + [("buckets", "<u8", (496,)), ("comm", "S16")]
-)  # fmt: skip
 
 
 def map_snapshot(n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,13 +9,11 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from children import reap
-from conftest import LoopDevice
+from children import reap, wait_attached
 from io_trace import OPS, drain
 
 from meridian.tools.io.kernel import FileIO
@@ -25,19 +23,6 @@ from meridian.tools.io.options import Options
 pytestmark = pytest.mark.kernel
 MiB = 1 << 20
 SIZE = 32 * MiB
-
-
-@pytest.fixture
-def ext4(loop_device: LoopDevice, tmp_path: Path) -> Iterator[Path]:
-    """An ext4 file system on the loop device, mounted; unmounted even on failure."""
-    subprocess.run(["mkfs.ext4", "-q", "-F", loop_device.path], check=True)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", loop_device.path, str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def drop_caches() -> None:
@@ -181,9 +166,7 @@ def test_block_requests_in_the_summary_and_retired_with_the_process(ext4: Path) 
         text=True,
     )
     try:
-        assert proc.stderr is not None
-        while "strategy:" not in (line := proc.stderr.readline()):
-            assert line, "meridian io exited before attaching"
+        wait_attached(proc)
         reader = dd(f"if={path}", "of=/dev/null", "bs=64k", "iflag=direct")
         time.sleep(1.0)  # several table intervals: the exited dd is retired meanwhile
         dump = subprocess.run(

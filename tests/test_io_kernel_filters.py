@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from children import reap
+from children import reap, wait_attached
 from io_trace import drain, end_child, io_cli
 
 from meridian.tools.io.kernel import FileIO
@@ -131,9 +131,7 @@ def test_cli_events_with_paths_and_summary(tmp_path: Path) -> None:
             stderr=subprocess.PIPE,
             text=True,
         )
-        assert proc.stderr is not None
-        while "strategy:" not in (line := proc.stderr.readline()):
-            assert line, "meridian io exited before attaching"
+        wait_attached(proc)
         _go(child)
         time.sleep(0.5)  # the agent drains on a 50 ms timer; SIGTERM drains the rest
         proc.terminate()

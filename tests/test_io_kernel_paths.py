@@ -12,14 +12,12 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from children import reap
-from conftest import LoopDevice
+from children import reap, wait_attached
 from io_trace import drain
 
 from meridian.tools.io.events import EventFormatter
@@ -27,19 +25,6 @@ from meridian.tools.io.kernel import FileIO
 from meridian.tools.io.options import Options
 
 pytestmark = pytest.mark.kernel
-
-
-@pytest.fixture
-def ext4(loop_device: LoopDevice, tmp_path: Path) -> Iterator[Path]:
-    """An ext4 file system on the loop device, mounted below tmp_path (root fs)."""
-    subprocess.run(["mkfs.ext4", "-q", "-F", loop_device.path], check=True)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", loop_device.path, str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def lines_of(tool: FileIO, tmp_path: Path, ev: np.ndarray[Any, Any]) -> list[dict[str, Any]]:
@@ -134,9 +119,7 @@ def test_cli_names_files_of_cat(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        assert proc.stderr is not None
-        while "strategy:" not in (line := proc.stderr.readline()):
-            assert line, "meridian io exited before attaching"
+        wait_attached(proc)
         pid = run("cat", str(f))
         time.sleep(0.3)
         proc.terminate()

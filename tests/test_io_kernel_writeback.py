@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from children import reap
+from children import reap, wait_attached
 
 from meridian.export.series import Point
 from meridian.proc import kernel_dev
@@ -165,9 +165,7 @@ def test_cli_comm_filter_and_summary(disk: Disk) -> None:
             text=True,
         )
         try:
-            assert proc.stderr is not None
-            while "strategy:" not in (line := proc.stderr.readline()):
-                assert line, "meridian io exited before attaching"
+            wait_attached(proc)
             pid, written = dd_then_sync(disk)
             (disk.mnt / "f").unlink()
             time.sleep(0.2)

@@ -11,14 +11,12 @@ import io
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from children import reap
-from conftest import LoopDevice
 
 from meridian.tools.io.kernel import FileIO
 from meridian.tools.io.model import PidSummary, summarize_processes
@@ -28,19 +26,6 @@ from meridian.tools.io.report import report
 pytestmark = pytest.mark.kernel
 IOS = 4000
 TOLERANCE = 0.10
-
-
-@pytest.fixture
-def ext4(loop_device: LoopDevice, tmp_path: Path) -> Iterator[Path]:
-    """An ext4 file system on the loop device, mounted; unmounted even on failure."""
-    subprocess.run(["mkfs.ext4", "-q", "-F", loop_device.path], check=True)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", loop_device.path, str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def fio_randread(path: Path) -> tuple[int, dict[str, Any]]:

@@ -34,6 +34,7 @@ __all__ = [
     "Hist",
     "Layout",
     "Log2Hist",
+    "interval_min_max",
     "quantile",
     "slot_bounds",
     "slot_of",
@@ -300,6 +301,25 @@ class Hist:
 
 
 Log2Hist = Hist  # the name the exporters and older callers import
+
+
+def interval_min_max(
+    counts: np.ndarray[Any, Any], lo: int, hi: int, prev_lo: int, prev_hi: int, unit_ns: int
+) -> tuple[int, int]:
+    """The smallest and largest sample (ns, 0 = none) of an interval whose log-linear
+    `counts` are a difference of two kernel reads with min/max since attach (`prev_*`
+    at the first read, `lo`/`hi` at the second). When one moved, the new one happened
+    in this interval (exact); otherwise the interval's lies between the old one and
+    the edge of its lowest (highest) non-empty bucket, in units of `unit_ns` (a bound)."""
+    nz = np.flatnonzero(counts)
+    if not len(nz):
+        return 0, 0
+    lay = Layout(len(counts))
+    if hi <= prev_hi and nz[-1] < len(counts) - 1:
+        hi = min(prev_hi, int(lay.highs[nz[-1]]) * unit_ns - 1)
+    if prev_lo and lo >= prev_lo:
+        lo = max(prev_lo, int(lay.lows[nz[0]]) * unit_ns)
+    return lo, hi
 
 
 def _pick(f: Any, a: float | None, b: float | None) -> float | None:

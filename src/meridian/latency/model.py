@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from ..hist import Hist, Layout
+from ..hist import Hist, interval_min_max
 from ..reporting import UNITS, ReportOptions
 
 __all__ = ["NSLOTS", "Cell", "LatencyOptions", "Snapshot", "Summary"]
@@ -67,15 +67,11 @@ class Cell:
         happened in this interval (exact); otherwise the interval's lies between the old
         one and the edge of its lowest (highest) non-empty bucket (a bound)."""
         buckets = self.buckets - prev.buckets
-        nz = np.flatnonzero(buckets)
-        if not len(nz):
+        if not buckets.any():
             return Cell(buckets, 0, 0, 0, 0)
-        lay = Layout(len(buckets))
-        hi, lo = self.max_ns, self.min_ns
-        if hi <= prev.max_ns and nz[-1] < len(buckets) - 1:
-            hi = min(prev.max_ns, int(lay.highs[nz[-1]]) * unit_ns - 1)
-        if prev.min_ns and lo >= prev.min_ns:
-            lo = max(prev.min_ns, int(lay.lows[nz[0]]) * unit_ns)
+        lo, hi = interval_min_max(
+            buckets, self.min_ns, self.max_ns, prev.min_ns, prev.max_ns, unit_ns
+        )
         return Cell(buckets, self.sum_ns - prev.sum_ns, hi, self.tail - prev.tail, lo)
 
     def __add__(self, other: Cell) -> Cell:

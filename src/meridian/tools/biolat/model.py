@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ... import proc
-from ...hist import ExactCounts, Hist, Layout
+from ...hist import ExactCounts, Hist, interval_min_max
 from ...reporting import ReportOptions
 
 __all__ = [
@@ -85,15 +85,9 @@ class Cell:
         one moved, the new one is this interval's (exact); otherwise the interval's lies
         between it and the edge of the lowest (highest) non-empty bucket (a bound)."""
         buckets = self.buckets - prev.buckets
-        nz = np.flatnonzero(buckets)
-        if not len(nz):
+        if not buckets.any():
             return Cell(buckets, 0, 0, 0)
-        lay = Layout(len(buckets))
-        hi, lo = self.max, self.min
-        if hi <= prev.max and nz[-1] < len(buckets) - 1:
-            hi = min(prev.max, int(lay.highs[nz[-1]]) * unit_ns - 1)
-        if prev.min and lo >= prev.min:
-            lo = max(prev.min, int(lay.lows[nz[0]]) * unit_ns)
+        lo, hi = interval_min_max(buckets, self.min, self.max, prev.min, prev.max, unit_ns)
         return Cell(buckets, self.sum - prev.sum, hi, self.bytes - prev.bytes, lo)
 
 

@@ -194,16 +194,20 @@ def series_of(
                 ops.points.append(Point(pdc, s.ops))
                 lat.points.append(latency_point(pdc, s.hist, s.latency_sum_ns, s.latency_max_ns))
     for b in writeback:
-        wb: dict[str, str | int | bool] = {
-            "process.pid": b.pid or OTHER,
-            "process.executable.name": b.comm,
-            "disk.io.direction": b.op,
-            "meridian.io.writeback": True,
-        }
-        nbytes.points.append(Point(wb, b.bytes))
+        nbytes.points.append(Point(block_attrs(b, True), b.bytes))
     for reason, n in lost.items():
         lost_f.points.append(Point({"reason": reason}, n))
     return [nbytes, ops, lat, device, wait, ratio, first, last, lost_f]
+
+
+def block_attrs(b: BlockStats, writeback: bool) -> dict[str, str | int | bool]:
+    """A block entry's series attributes (pid 0: the `other` group)."""
+    return {
+        "process.pid": b.pid or OTHER,
+        "process.executable.name": b.comm,
+        "disk.io.direction": b.op,
+        "meridian.io.writeback": writeback,
+    }
 
 
 def block_series(
@@ -225,12 +229,7 @@ def block_series(
     if max_series is not None and len({b.pid for b in writeback}) > max_series:
         writeback = capped_block(list(writeback), max_series - 1)
     for b, wb in [*((b, False) for b in stats), *((b, True) for b in writeback)]:
-        attrs: dict[str, str | int | bool] = {
-            "process.pid": b.pid or OTHER,
-            "process.executable.name": b.comm,
-            "disk.io.direction": b.op,
-            "meridian.io.writeback": wb,
-        }
+        attrs = block_attrs(b, wb)
         reqs.points.append(Point(attrs, b.requests))
         nbytes.points.append(Point(attrs, b.bytes))
         lat.points.append(latency_point(attrs, b.hist, b.latency_sum_ns, b.latency_max_ns))
