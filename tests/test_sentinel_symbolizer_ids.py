@@ -76,17 +76,20 @@ def test_cheap_mode_leaves_slow_reads_to_warm(
 ) -> None:
     """Cheap answers come only from what is loaded: the first address of a binary
     (its symbols not read yet) is `unresolved` and noted; warm() reads it, and the
-    same addresses then answer as the full mode does, with file and line."""
+    same addresses then answer as the full mode does, with file and line. `missed`
+    (what the symbols thread sleeps on) is set while an address waits, clear after."""
     b = binaries["pie"]
     base = 0x5500_0000_0000
     fake.add(PID, maps_lines(b, base))
     s = symbolizer(fake, clock, tmp_path)
     alpha, beta = base + b.symbols["alpha"] + 1, base + b.symbols["beta"] + 1
     U = 2**64 - 1
+    assert not s.missed.is_set()
     assert s.function_ids([PID, PID], [alpha, beta], cheap=True, unresolved=U) == [U, U]
+    assert s.missed.is_set()
     assert s.stack_id(PID, [alpha, beta], cheap=True, unresolved=U) == U
     assert s.cache_sizes()["binaries"] == 0 and s.cheap_misses == 4
-    assert s.warm(10.0) == 0
+    assert s.warm(10.0) == 0 and not s.missed.is_set()
     got = s.function_ids([PID, PID], [alpha, beta], cheap=True, unresolved=U)
     assert got == [s.function_id(PID, alpha), s.function_id(PID, beta)] and U not in got
     st = s.stack_id(PID, [alpha, beta], cheap=True, unresolved=U)

@@ -240,7 +240,7 @@ class Runtime(Consumer, Flusher, RuntimeControl):
         fails). Ctrl-C arrives here as KeyboardInterrupt."""
         end = None if duration is None else time.monotonic() + duration
         while not self._stop.is_set():
-            left = 0.2 if end is None else min(0.2, end - time.monotonic())
+            left = 1.0 if end is None else min(1.0, end - time.monotonic())
             if left <= 0:
                 break
             self._stop.wait(left)
@@ -259,6 +259,7 @@ class Runtime(Consumer, Flusher, RuntimeControl):
         self._stopped = True
         self._stop.set()
         self._wakeup.set()
+        self.symbolizer.missed.set()  # the symbols thread sleeps on it
         wake = getattr(self.source, "wake", None)
         if wake is not None:
             with contextlib.suppress(Exception):

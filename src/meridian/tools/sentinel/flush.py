@@ -25,7 +25,8 @@ __all__ = ["Flusher"]
 
 CATCH_UP_S = 0.2  # the flush waits this long at most for the consumer's last batch
 SYMBOLS_SHARE = 0.25  # of one core, at most, on average: the symbols thread's slow reads
-SYMBOLS_S = 0.1  # its period
+SYMBOLS_S = 0.1  # its period while addresses wait for a slow read
+SWEEP_S = 1.0  # its longest sleep, and how often it looks for exited processes
 KERNEL_DROPS = ("token_bucket", "hard_drop")  # offered but not delivered (safety level)
 UNRESOLVED_STACK = UNRESOLVED
 
@@ -156,14 +157,22 @@ class Flusher(RuntimeState):
         """The slow reads the consumer skipped (symbol and line tables, kallsyms), at
         most SYMBOLS_SHARE of a core on average: one read may take a second, and
         the wait after it is as long as it must be. Processes gone past their grace
-        period (or replaced by an exec) leave the caches here too."""
-        pause = SYMBOLS_S
-        while not self._stop.wait(pause):
+        period (or replaced by an exec) leave the caches here too, once a SWEEP_S.
+        With nothing waiting it sleeps until an address misses (symbolizer.missed):
+        an idle agent wakes once a second, not ten times."""
+        sym = self.symbolizer
+        swept = time.monotonic()
+        while not self._stop.is_set():
+            sym.missed.wait(SWEEP_S)
+            if self._stop.is_set():
+                break
             began = time.perf_counter()
-            self.symbolizer.sweep()
-            self.symbolizer.warm(SYMBOLS_S * SYMBOLS_SHARE)
+            if time.monotonic() - swept >= SWEEP_S:
+                sym.sweep()
+                swept = time.monotonic()
+            sym.warm(SYMBOLS_S * SYMBOLS_SHARE)
             spent = time.perf_counter() - began
-            pause = max(SYMBOLS_S * (1 - SYMBOLS_SHARE), spent * (1 / SYMBOLS_SHARE - 1))
+            self._stop.wait(max(SYMBOLS_S * (1 - SYMBOLS_SHARE), spent * (1 / SYMBOLS_SHARE - 1)))
 
     # ---- the anomaly thread ------------------------------------------------------------
 

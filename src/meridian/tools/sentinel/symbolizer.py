@@ -113,6 +113,7 @@ class Symbolizer:
         self._misses: OrderedDict[tuple[int, int], None] = OrderedDict()
         self.max_misses = max_pending
         self.cheap_misses = 0  # addresses answered "unresolved" in cheap mode
+        self.missed = threading.Event()  # set when an address starts waiting for warm()
 
     # -- frames -------------------------------------------------------------------
 
@@ -229,6 +230,8 @@ class Symbolizer:
         if key in self._misses:
             return
         self._misses[key] = None
+        if not self.missed.is_set():  # set() takes a lock and notifies: not per address
+            self.missed.set()
         while len(self._misses) > self.max_misses:
             self._misses.popitem(last=False)
 
@@ -239,6 +242,7 @@ class Symbolizer:
         while time.perf_counter() < end:
             with self._lock:
                 if not self._misses:
+                    self.missed.clear()
                     return 0
                 (pid, ip), _ = self._misses.popitem(last=False)
                 self._frame(pid, ip)
