@@ -38,6 +38,7 @@ class NetnsPair:
     addr6_a: str = ""
     addr6_b: str = ""
     children: list[subprocess.Popen[Any]] = field(default_factory=list)
+    servers: dict[int, subprocess.Popen[Any]] = field(default_factory=dict)  # iperf3's, by port
 
     def run(self, ns: str, *cmd: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -67,21 +68,35 @@ class NetnsPair:
     ) -> dict[str, Any]:
         """A TCP (or UDP) stream from a to b for `seconds`, `length` bytes a write;
         iperf3's JSON result. `cpus` pins the client and the server to one CPU each."""
+        client = self.iperf3_start(seconds, port, cport, udp, length, cpus)
+        return self.iperf3_result(client, seconds + 30)
+
+    def iperf3_start(
+        self,
+        seconds: float,
+        port: int = 5201,
+        cport: int | None = None,
+        udp: bool = False,
+        length: int | None = None,
+        cpus: tuple[int, int] | None = None,
+        interval: float | None = None,
+    ) -> subprocess.Popen[str]:
+        """iperf3() without waiting: the server, and the client once the server
+        listens; `interval` s between iperf3's interval reports."""
         pin_server = ["-A", str(cpus[1])] if cpus else []
-        server = self.popen(
-            self.b,
-            IPERF3,
-            "-s",
-            "-1",
-            "-B",
-            self.addr_b,
-            "-p",
-            str(port),
-            *pin_server,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        last = self.servers.pop(port, None)
+        if last is not None:  # the last run's server (-1) exits after its client's end
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                last.wait(5)
+        self.servers[port] = self.popen(
+            self.b, IPERF3, "-s", "-1", "-B", self.addr_b, "-p", str(port), *pin_server,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
         deadline = time.monotonic() + 5
+        while not self.run(self.b, "ss", "-Hltn", f"sport = :{port}").stdout.strip():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"iperf3: the server did not listen on port {port}")
+            time.sleep(0.05)
         cmd = [IPERF3, "-c", self.addr_b, "-p", str(port), "-t", f"{seconds:g}", "-J"]
         if cport is not None:
             cmd += ["--cport", str(cport)]
@@ -91,21 +106,17 @@ class NetnsPair:
             cmd += ["-u", "-b", "0"]
         if length is not None:
             cmd += ["-l", str(length)]
-        while True:  # until the server listens
-            proc = subprocess.run(
-                ["ip", "netns", "exec", self.a, *cmd],
-                capture_output=True,
-                text=True,
-                timeout=seconds + 30,
-            )
-            result: dict[str, Any] = json.loads(proc.stdout or "{}")
-            if "error" not in result or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            server.wait(5)
-        if "error" in result:
-            raise RuntimeError(f"iperf3: {result['error']}")
+        if interval is not None:
+            cmd += ["-i", f"{interval:g}"]
+        return self.popen(self.a, *cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    @staticmethod
+    def iperf3_result(client: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+        """The JSON result of a client from iperf3_start (RuntimeError on iperf3's error)."""
+        out, _ = client.communicate(timeout=timeout)
+        result: dict[str, Any] = json.loads(out or "{}")
+        if "error" in result or not out:
+            raise RuntimeError(f"iperf3: {result.get('error', 'no result')}")
         return result
 
 
