@@ -5,6 +5,7 @@ instead, so CI really runs them."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,6 +19,11 @@ from meridian.bpf import object_path
 from meridian.proc import kernel_dev
 
 REQUIRE_BPF = os.environ.get("MERIDIAN_REQUIRE_BPF") == "1"
+
+# Run from a script's background job (`make test &`), the suite would start with SIGINT
+# ignored, and every meridian it starts would inherit that: the Ctrl-C tests would
+# fail and a tool still attached would outlive them. Restored here for the children.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def bpf_unavailable() -> str | None:
