@@ -1,6 +1,7 @@
 """meridian sentinel: the agent's CPU and memory at 1,000 / 10,000 / 100,000 samples/s
 (mock source and the kernel's cpu-clock), and TCP/UDP throughput between two network
-namespaces with the agent attached, as a ratio to untraced runs in the same rounds.
+namespaces with the agent attached, as a ratio to the untraced phases of the same
+iperf3 stream.
 
 CPU is the agent process's utime + stime between two reads of /proc/PID/stat once it
 runs (start-up excluded), as a share of one core; RSS is VmRSS at the end and VmHWM.
@@ -9,22 +10,24 @@ Run as root from the repository (a quiet machine):
     .venv/bin/python benchmarks/sentinel_bench.py [seconds] [rounds] [PART]
 
 PART: mock, cpu-clock, store (the mock writing to embedded chDB) or throughput.
+For throughput, [rounds] is the number of cycles (untraced, sentinel mode, untraced,
+diagnostic mode) of PHASE_S each; [seconds] is the cost table's measuring time.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
+import platform
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
-
-from _rounds import interleaved, print_ratios
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -133,37 +136,142 @@ def cost_table(seconds: float, only: str = "") -> None:
             )
 
 
-def iperf_bps(pair: NetnsPair, seconds: float, udp: bool) -> float:
-    """iperf3's client on CPU 0 and its server on CPU 1: without pinning, where the
-    scheduler puts the two moves a round by 10-15 %, more than the agent costs."""
-    res = pair.iperf3(seconds, udp=udp, length=64 if udp else None, cpus=(0, 1))
-    end = res["end"]
-    return float((end["sum"] if udp else end["sum_received"])["bits_per_second"])
+PHASE_S = 10.0  # each attached or detached phase of the stream
+SETTLE_S = 2.0  # not counted after the agent is ready and after it exited
+INTERVAL_S = 1.0  # iperf3's reports
 
 
-def throughput(seconds: float, rounds: int) -> None:
+class Agent:
+    """meridian sentinel with -v (its "strategy:" line says it is attached), stderr read
+    by a thread so that it never blocks on a full pipe."""
+
+    def __init__(self, cmd: list[str]) -> None:
+        self.proc = subprocess.Popen([*cmd, "-v"], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)  # fmt: skip
+        self.ready = threading.Event()
+        self.tail: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.tail = [*self.tail[-4:], line]
+            if "strategy:" in line:
+                self.ready.set()
+        self.ready.set()  # exited: wait_ready() says so
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        if not self.ready.wait(timeout) or self.proc.poll() is not None:
+            raise RuntimeError(f"agent did not attach: {''.join(self.tail)}")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def stream_phases(
+    pair: NetnsPair, udp: bool, tracers: dict[str, list[str]], cycles: int
+) -> tuple[list[dict[str, Any]], list[tuple[str, float, float]]]:
+    """One iperf3 stream (client CPU 0, server CPU 1) for the whole run, the agent
+    attached and detached in turn: untraced, each tracer, untraced, ... PHASE_S
+    each. Returns iperf3's intervals and the phases as (name, start, end) in seconds
+    since the client started, SETTLE_S cut from each start (the agent's loading and
+    its first symbol reads, or its exit, are not the steady state)."""
+    phases: list[tuple[str, float, float]] = []
+    client = pair.iperf3_start(86400, udp=udp, length=64 if udp else None, cpus=(0, 1),
+                               interval=INTERVAL_S)  # fmt: skip
+    t0 = time.monotonic()
+
+    def hold(name: str) -> None:
+        begin = time.monotonic() - t0 + SETTLE_S
+        time.sleep(SETTLE_S + PHASE_S)
+        phases.append((name, begin, time.monotonic() - t0))
+
+    try:
+        for _ in range(cycles):
+            for name, cmd in tracers.items():
+                hold("untraced")
+                agent = Agent(cmd)
+                try:
+                    agent.wait_ready()
+                    hold(name)
+                finally:
+                    agent.stop()
+        hold("untraced")
+    finally:
+        client.send_signal(signal.SIGINT)  # iperf3 prints its JSON up to now
+    result = json.loads(client.communicate(timeout=30)[0] or "{}")
+    return result.get("intervals", []), phases
+
+
+def phase_rates(intervals: list[dict[str, Any]], begin: float, end: float) -> list[float]:
+    """bits/s of the whole reports inside [begin, end]."""
+    return [
+        float(iv["sum"]["bits_per_second"])
+        for iv in intervals
+        if iv["sum"]["start"] >= begin and iv["sum"]["end"] <= end
+    ]
+
+
+def throughput(cycles: int) -> None:
+    """TCP and 64-byte UDP over veth, the agent attached and detached within one
+    stream. Separate iperf3 runs (this benchmark's first method) moved 5-10 % from one
+    untraced run to the next; within one stream, 1 s reports of neighbouring phases
+    are compared instead: a phase's rate is the mean of its reports (every burst of
+    the agent counted), and the median of its reports is shown beside it (what the
+    host's dips of 30-40 % for a few seconds do not move)."""
     tracers = {
         "sentinel mode (cpu-clock 99 Hz)": [*MERIDIAN, "--metrics-port", "0"],
         "diagnostic mode": [*MERIDIAN, "--metrics-port", "0", "--mode", "diagnostic"],
     }
     with netns_pair("bench") as pair:
         for udp in (False, True):
-            what = "UDP 64-byte datagrams" if udp else "TCP stream"
-            run = functools.partial(iperf_bps, pair, seconds, udp)
-            res = interleaved(run, tracers, rounds, 3.0)
-            print()
-            print_ratios(res, f"iperf3 {what}, {seconds:g} s runs over veth", "bits/s")
+            intervals, phases = stream_phases(pair, udp, tracers, cycles)
+            what = "UDP 64-byte datagrams (sender)" if udp else "TCP stream"
+            print(f"\nmachine: {platform.node()} {platform.release()} {platform.machine()}, "
+                  f"{os.cpu_count()} CPUs; iperf3 {what}, one stream, {cycles} cycles of "
+                  f"{PHASE_S:g} s phases ({SETTLE_S:g} s settling cut)")  # fmt: skip
+            print("\n| config | mean bits/s | ratio of means (median of phases) "
+                  "| ratio of medians (median of phases) |")  # fmt: skip
+            print("| --- | ---: | ---: | ---: |")
+            rates = [phase_rates(intervals, b, e) for _, b, e in phases]
+            base = [i for i, (name, _, _) in enumerate(phases) if name == "untraced"]
+            allu = [r for i in base for r in rates[i]]
+            print(f"| untraced | {statistics.mean(allu):,.0f} | 1.00 | 1.00 |")
+            for tracer in tracers:
+                by_mean: list[float] = []
+                by_median: list[float] = []
+                values: list[float] = []
+                for i, (name, _, _) in enumerate(phases):
+                    if name != tracer or not rates[i]:
+                        continue
+                    before, after = rates[i - 1], rates[i + 1]
+                    values += rates[i]
+                    for pick, out in ((statistics.mean, by_mean), (statistics.median, by_median)):
+                        out.append(pick(rates[i]) / ((pick(before) + pick(after)) / 2))
+                cells = [
+                    f"{statistics.median(r):.3f} ({', '.join(f'{x:.3f}' for x in r)})"
+                    for r in (by_mean, by_median)
+                ]
+                print(f"| {tracer} | {statistics.mean(values):,.0f} | {' | '.join(cells)} |",
+                      flush=True)  # fmt: skip
 
 
 def main() -> int:
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 10.0
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     only = sys.argv[3] if len(sys.argv) > 3 else ""
+    # Started where SIGINT is ignored (a script's background job), the agent would
+    # inherit that and outlive its SIGINT, still attached: restore it for the children.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if only != "throughput":
         cost_table(seconds, only)
     if only in ("", "throughput"):
-        throughput(seconds, rounds)
+        throughput(rounds)
     return 0
 
 
