@@ -57,19 +57,9 @@ class NetnsPair:
         self.children.append(child)
         return child
 
-    def iperf3(
-        self,
-        seconds: float,
-        port: int = 5201,
-        cport: int | None = None,
-        udp: bool = False,
-        length: int | None = None,
-        cpus: tuple[int, int] | None = None,
-    ) -> dict[str, Any]:
-        """A TCP (or UDP) stream from a to b for `seconds`, `length` bytes a write;
-        iperf3's JSON result. `cpus` pins the client and the server to one CPU each."""
-        client = self.iperf3_start(seconds, port, cport, udp, length, cpus)
-        return self.iperf3_result(client, seconds + 30)
+    def iperf3(self, seconds: float, **options: Any) -> dict[str, Any]:
+        """iperf3_start(seconds, **options), then its JSON result."""
+        return self.iperf3_result(self.iperf3_start(seconds, **options), seconds + 30)
 
     def iperf3_start(
         self,
@@ -81,8 +71,10 @@ class NetnsPair:
         cpus: tuple[int, int] | None = None,
         interval: float | None = None,
     ) -> subprocess.Popen[str]:
-        """iperf3() without waiting: the server, and the client once the server
-        listens; `interval` s between iperf3's interval reports."""
+        """A TCP (or UDP) stream from a to b for `seconds`, `length` bytes a write,
+        started and not waited for: the server, then the client once the server
+        listens. `cpus` pins the client and the server to one CPU each; `interval` s
+        between iperf3's reports."""
         pin_server = ["-A", str(cpus[1])] if cpus else []
         last = self.servers.pop(port, None)
         if last is not None:  # the last run's server (-1) exits after its client's end
