@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 
 def reap(child: subprocess.Popen[Any]) -> None:
@@ -24,3 +28,14 @@ def wait_attached(proc: subprocess.Popen[str]) -> None:
     while "strategy:" not in (line := proc.stderr.readline()):
         assert line, f"meridian exited before attaching: {''.join(seen[-5:])}"
         seen.append(line)
+
+
+def build_c(directory: Path, name: str, source: str, *flags: str) -> Path:
+    """The C program `source` built with gcc as directory/name (`flags` before the
+    source). A skip without gcc, which MERIDIAN_REQUIRE_BPF=1 turns into a failure."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed (make deps)")
+    (directory / f"{name}.c").write_text(source)
+    exe = directory / name
+    subprocess.run(["gcc", *flags, "-o", str(exe), str(directory / f"{name}.c")], check=True)
+    return exe

@@ -3,14 +3,13 @@ are deleted from the kernel map, and its totals stay exact in the table."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from children import reap
+from children import build_c, reap
 
 from meridian.tools.io.kernel import FileIO
 from meridian.tools.io.model import summarize
@@ -164,12 +163,7 @@ def test_a_reused_pid_is_counted_as_another_process(tmp_path: Path) -> None:
     kernel keys tell them apart by start time, the table retires the first at once
     (not after the 30 s grace) and each keeps its own exact counts. The reader is a
     static C program, so no loader reads blur the counts."""
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is not installed")
-    prog = tmp_path / "preader"
-    (tmp_path / "preader.c").write_text(PREADER_C)
-    subprocess.run(["gcc", "-static", "-O2", "-o", str(prog), str(tmp_path / "preader.c")],
-                   check=True)  # fmt: skip
+    prog = build_c(tmp_path, "preader", PREADER_C, "-static", "-O2")
     data = tmp_path / "data.bin"
     data.write_bytes(b"z" * 16384)
     children: list[subprocess.Popen[str]] = []

@@ -3,11 +3,11 @@ test vectors, the key bytes written out by hand, and a C program over the header
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from children import build_c
 
 from meridian.tools.sentinel.flows import FlowKey, FlowNames, fnv1a64
 
@@ -94,13 +94,7 @@ int main(void) {
 
 def test_flow_id_matches_c_over_the_header(tmp_path: Path) -> None:
     """The struct as a C compiler lays it out, hashed as the kernel program does."""
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc not installed")
-    (tmp_path / "fnv.c").write_text(C_PROGRAM)
-    exe = tmp_path / "fnv"
-    subprocess.run(
-        ["gcc", f"-I{ROOT / 'bpf'}", str(tmp_path / "fnv.c"), "-o", str(exe)], check=True
-    )
+    exe = build_c(tmp_path, "fnv", C_PROGRAM, f"-I{ROOT / 'bpf'}")
     size, value = subprocess.run(
         [str(exe)], check=True, capture_output=True, text=True
     ).stdout.split()

@@ -9,13 +9,13 @@ addresses): that is the ground truth the capture is compared with, exactly."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from children import build_c
 
 from meridian.tools.syscalls.decode import decode_args
 from meridian.tools.syscalls.outputs import file_mode, output_text
@@ -106,12 +106,7 @@ pytestmark = pytest.mark.kernel
 
 @pytest.fixture(scope="module")
 def prog(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is not installed")
-    d = tmp_path_factory.mktemp("fdnames").resolve()
-    (d / "prog.c").write_text(PROG)
-    subprocess.run(["gcc", "-O1", "-o", str(d / "prog"), str(d / "prog.c")], check=True)
-    return d / "prog"
+    return build_c(tmp_path_factory.mktemp("fdnames").resolve(), "prog", PROG, "-O1")
 
 
 class Truth:

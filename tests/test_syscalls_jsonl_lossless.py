@@ -8,9 +8,7 @@ is recorded whole, three times."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -19,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from children import reap
+from children import build_c, reap
 from test_syscalls_raw import AT_FDCWD, CLOSE, DTYPE, OPENAT, READ, frame, record, trace
 
 from meridian.cli import main
@@ -172,14 +170,7 @@ LOOP_CALLS = ("openat", "fstat", "newfstatat", "close")  # fstat(): as libc issu
 
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("gcc") is None:
-        if os.environ.get("MERIDIAN_REQUIRE_BPF") == "1":
-            pytest.fail("gcc is not installed (make deps) and MERIDIAN_REQUIRE_BPF=1")
-        pytest.skip("gcc is not installed")
-    d = tmp_path_factory.mktemp("loop").resolve()
-    (d / "loop.c").write_text(LOOP)
-    subprocess.run(["gcc", "-O2", "-o", str(d / "loop"), str(d / "loop.c")], check=True)
-    return d / "loop"
+    return build_c(tmp_path_factory.mktemp("loop").resolve(), "loop", LOOP, "-O2")
 
 
 def _loop_calls(data: bytes, pid: int, target: str) -> Counter[tuple[str, bool]]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from children import build_c
 
 pytestmark = pytest.mark.kernel
 
@@ -41,12 +42,7 @@ CONTENT = b"hello meridian\n"  # 15 bytes
 
 @pytest.fixture(scope="module")
 def prog(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is not installed")
-    d = tmp_path_factory.mktemp("prog").resolve()
-    (d / "prog.c").write_text(PROG)
-    subprocess.run(["gcc", "-O1", "-o", str(d / "prog"), str(d / "prog.c")], check=True)
-    return d / "prog"
+    return build_c(tmp_path_factory.mktemp("prog").resolve(), "prog", PROG, "-O1")
 
 
 def meridian(*args: str) -> subprocess.CompletedProcess[str]:
