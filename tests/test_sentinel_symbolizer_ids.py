@@ -97,6 +97,28 @@ def test_cheap_mode_leaves_slow_reads_to_warm(
     assert s.stack(st)[0].line > 0
 
 
+def test_non_addresses_need_no_reads(
+    binaries: dict[str, Binary], fake: FakeProc, clock: Clock, tmp_path: Path
+) -> None:
+    """A user stack walked by frame pointers through code built without them ends in
+    garbage above any user address: such a frame is "[unknown]" at once, even in cheap
+    mode, and does not hold its stack back for a read of /proc or a perf map."""
+    b = binaries["pie"]
+    base = 0x5500_0000_0000
+    fake.add(PID, maps_lines(b, base))
+    s = symbolizer(fake, clock, tmp_path)
+    alpha = base + b.symbols["alpha"] + 1
+    garbage = 0x51C9_3A77_0000_1234
+    U = 2**64 - 1
+    s.frame(PID, alpha)  # the binary's symbols and line table read
+    st = s.stack_id(PID, [alpha, garbage], cheap=True, unresolved=U)
+    assert st != U and s.cheap_misses == 0 and not s.missed.is_set()
+    assert [f.function for f in s.stack(st)] == ["alpha", "[unknown]"]
+    assert s.function_ids([PID], [garbage], cheap=True, unresolved=U) != [U]
+    # an unmapped address that could be a user one still waits for the reads
+    assert s.stack_id(PID, [alpha, 0x7F00_0000_0000], cheap=True, unresolved=U) == U
+
+
 def test_resolver_labels_what_it_did_not_resolve() -> None:
     """The runtime's resolver: a stack whose frames are gone from the source is
     GONE_STACK, an address over the cheap mode UNRESOLVED; both named by a label."""

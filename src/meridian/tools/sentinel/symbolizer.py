@@ -36,6 +36,10 @@ from .perfmap import JitRegion, JitRegions
 from .procview import Mapping, Process, ProcessViews
 from .symcache import Interner, Lru
 
+# Above the highest user address any 64-bit Linux hands out (x86-64 with 5-level
+# paging: 2^56; arm64: 2^52) and below the kernel's half: not an address at all.
+USER_END = 1 << 56
+
 __all__ = ["DataObject", "Frame", "Symbolizer"]
 
 
@@ -129,6 +133,11 @@ class Symbolizer:
         line table costs seconds) a new frame has none and is not cached."""
         if is_kernel(ip):
             return self._kernel_frame(ip), True
+        if ip >= USER_END:
+            # Neither user nor kernel: a frame-pointer walk through code built without
+            # them reads garbage. No mapping can ever hold it, so the answer is kept
+            # (and the stack with it) rather than re-reading /proc/PID/maps for it.
+            return Frame("", UNKNOWN, "", 0, ip, 0), True
         regions = self._jit.get(pid)
         if regions is not None:
             region = regions.lookup(ip)
