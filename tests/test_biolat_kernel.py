@@ -267,5 +267,8 @@ def test_a_full_ring_counts_every_lost_record(loop_device: LoopDevice) -> None:
     assert 0 < delivered < READS + WRITES
     # Every completion the aggregates counted was either delivered or counted lost ...
     assert delivered + lost == counted, (delivered, lost, counted, snap.counters)
-    # ... and they counted the workload exactly.
-    assert counted == READS + WRITES, (counted, snap.counters)
+    # ... and they counted the workload: exactly, but for the rare completion whose
+    # tracepoint never fires (see test_counts_match_bpftrace_on_the_same_run), which no
+    # program was skipped for either.
+    assert READS + WRITES - 1 <= counted <= READS + WRITES, (counted, snap.counters)
+    assert snap.counters["recursion_misses"] == 0

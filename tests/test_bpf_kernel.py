@@ -230,3 +230,58 @@ def test_no_descriptor_leaks_on_success_or_failure(tmp_path: Path) -> None:
     assert _open_fds() == before
     test_verifier_rejection_names_the_program_and_quotes_the_log(tmp_path)
     assert _open_fds() == before
+
+
+NESTED_SRC = r"""
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+const volatile __u32 target_tgid = 0;
+__u64 triggers = 0;
+
+/* Each system call of the test process prints once... */
+SEC("tp_btf/sys_enter")
+int BPF_PROG(trigger, struct pt_regs *regs, long id)
+{
+	if (bpf_get_current_pid_tgid() >> 32 != target_tgid)
+		return 0;
+	__sync_fetch_and_add(&triggers, 1);
+	bpf_printk("meridian test: trigger");
+	return 0;
+}
+
+/* ...which runs this program, whose own print fires its tracepoint again, inside it:
+ * the kernel skips that nested run and counts one recursion miss. */
+SEC("tp_btf/bpf_trace_printk")
+int BPF_PROG(nested, const char *text)
+{
+	bpf_printk("meridian test: nested");
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";
+"""
+
+
+def test_recursion_misses_are_counted(tmp_path: Path) -> None:
+    """Events the kernel never hands to a program (it was running on that CPU already)
+    are read from bpf_prog_info: exactly one per trigger here, none for the trigger."""
+    src = tmp_path / "nested.bpf.c"
+    src.write_text(NESTED_SRC)
+    with BpfObject(compile_bpf(src, tmp_path / "nested.bpf.o")) as obj:
+        obj.set_rodata({"target_tgid": os.getpid()})
+        obj.load()
+        assert obj.recursion_misses() == 0
+        # nested first and gone last: every trigger, the system calls that attach and
+        # detach included, finds it attached
+        nested, trigger = obj.attach(["nested", "trigger"])
+        for _ in range(50):
+            os.getppid()
+        obj.drop([trigger])
+        obj.drop([nested])
+        triggers = int(obj.read_globals()["triggers"])
+        assert triggers >= 50
+        assert obj.programs["nested"].recursion_misses == triggers
+        assert obj.programs["trigger"].recursion_misses == 0
+        assert obj.recursion_misses() == triggers

@@ -13,9 +13,13 @@ from typing import TypeVar
 from .bpf import BpfObject, RingBuffer, object_path
 from .system import ensure_ready
 
-__all__ = ["Session"]
+__all__ = ["RECURSION_MISSES", "Session"]
 
 S = TypeVar("S", bound="Session")
+
+# counters(): events the kernel did not hand to a program at all (it was running on
+# that CPU already, as when a tracepoint fires inside another BPF program)
+RECURSION_MISSES = "recursion_misses"
 
 
 class Session:
@@ -48,6 +52,7 @@ class Session:
         out: dict[str, int] = self.obj.maps["counters"].summed()
         if self.ring is not None:
             out[self.BAD_RECORDS] = self.ring.bad_records
+        out[RECURSION_MISSES] = self.obj.recursion_misses()
         return out
 
     def __exit__(self, *exc: object) -> None:

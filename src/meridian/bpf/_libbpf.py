@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import os
 import platform
+import struct
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -49,6 +50,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "bpf_program__attach_perf_event_opts": (_p, [_p, _i, _p]),
     "bpf_program__attach_xdp": (_p, [_p, _i]),
     "bpf_prog_test_run_opts": (_i, [_i, _p]),
+    "bpf_obj_get_info_by_fd": (_i, [_i, _p, _c.POINTER(_u32)]),
     "bpf_program__set_log_buf": (_i, [_p, _p, _sz]),
     "bpf_program__set_log_level": (_i, [_p, _u32]),
     "bpf_link__destroy": (_i, [_p]),
@@ -236,6 +238,24 @@ def prog_test_run(prog_fd: int, data: bytes, repeat: int = 1) -> tuple[int, int,
     opts.repeat = repeat
     ret = int(lib().bpf_prog_test_run_opts(prog_fd, _c.byref(opts)))
     return ret, int(opts.retval), int(opts.duration)
+
+
+# struct bpf_prog_info is uapi and only ever grows: recursion_misses (Linux >= 5.12) is
+# the u64 at byte 208. A larger buffer is fine as long as its tail is zero.
+_PROG_INFO_SIZE = 256
+_RECURSION_MISSES = 208
+
+
+def prog_recursion_misses(prog_fd: int) -> int | None:
+    """How often the kernel skipped the program because it would have run nested on a
+    CPU (bpf_prog_info.recursion_misses); None where the kernel does not count it."""
+    info = buffer(_PROG_INFO_SIZE)
+    size = u32_ref(_PROG_INFO_SIZE)
+    if lib().bpf_obj_get_info_by_fd(prog_fd, info, byref(size)):
+        return None
+    if size.value < _RECURSION_MISSES + 8:
+        return None
+    return int(struct.unpack_from("=Q", info.raw, _RECURSION_MISSES)[0])
 
 
 def possible_cpus() -> int:

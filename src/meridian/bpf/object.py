@@ -72,6 +72,14 @@ class Program:
             raise BpfError(f"attaching {self.name} to a perf event", L.errno() or _errno.EINVAL)
         return self._obj._keep(Link(link, self.name))
 
+    @property
+    def recursion_misses(self) -> int:
+        """Events the kernel did not give this program because it was already running
+        on that CPU (for plain tracepoints and kprobes: any such program was); 0 when
+        not loaded or not counted (Linux < 5.12)."""
+        fd = self.fd
+        return (L.prog_recursion_misses(fd) or 0) if fd >= 0 else 0
+
     def test_run(self, data: bytes, repeat: int = 1) -> tuple[int, int]:
         """Run a loaded program on `data` in the kernel (BPF_PROG_TEST_RUN: XDP, tc,
         socket filters): its return value and the average ns per run over `repeat`."""
@@ -159,6 +167,11 @@ class BpfObject:
         if ret:
             raise BpfError(f"resizing map {map_name}", L.neg_errno(ret))
         self.maps[map_name].max_entries = max_entries
+
+    def recursion_misses(self) -> int:
+        """recursion_misses summed over the loaded programs: events lost before any
+        program ran, which no counter of the programs' own can see."""
+        return sum(p.recursion_misses for p in self.programs.values())
 
     def read_globals(self, section: str = ".bss") -> dict[str, Any]:
         """Current values of a loaded object's globals (counters kept in .bss/.data)."""

@@ -32,6 +32,7 @@ class Biolat(Session):
 
     name = "biolat"
     OBJECT = "biolat"  # bpfobj/biolat.bpf.o
+    BAD_RECORDS = "events_bad"
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
@@ -93,12 +94,10 @@ class Biolat(Session):
             sizes.setdefault((int(k["dev"]), int(k["op"])), {})[int(k["bytes"])] = int(n)
         dkeys, dvals = self.obj.maps["depth"].items()
         inflight = {int(k): int(v["inflight"]) for k, v in zip(dkeys, dvals, strict=True)}
-        counters = self.obj.maps["counters"].summed()
-        if self.ring is not None:
-            counters["events_bad"] = self.ring.bad_records
         return Snapshot(
-            time.monotonic(), cells, inflight, counters, sizes=sizes, unit_ns=self.opts.unit_ns
-        )
+            time.monotonic(), cells, inflight, self.counters(), sizes=sizes,
+            unit_ns=self.opts.unit_ns,
+        )  # fmt: skip
 
     def events(self, timeout: float) -> np.ndarray[Any, Any]:
         if self.ring is None:
