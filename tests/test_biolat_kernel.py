@@ -28,6 +28,23 @@ pytestmark = pytest.mark.kernel
 READS, WRITES = 2000, 500
 
 
+def unseen(
+    counted: dict[Any, int], want: dict[Any, int], counters: dict[str, int]
+) -> dict[Any, int]:
+    """The workload's requests, per key, whose completion the tool did not count.
+
+    On this VM, under `make test`, about one request in 20,000 completes without any
+    tracer seeing it. Its issue was seen, and biolat's depth still holds it in flight
+    afterwards. bpftrace misses the same completion. No program records a recursion
+    miss. The cause in the kernel is not known. So at most one request may be unseen,
+    none may be extra, and the tests that track depth check that it is still in flight."""
+    short = {k: want[k] - counted.get(k, 0) for k in want}
+    assert set(counted) <= set(want) and min(short.values()) >= 0, (counted, want)
+    assert sum(short.values()) <= 1, (counted, want, counters)
+    assert counters["recursion_misses"] == 0 and counters["unmatched"] == 0, counters
+    return short
+
+
 def dd(*args: str) -> int:
     """Run dd; returns its PID (the PID the kernel saw)."""
     p = subprocess.Popen(["dd", *args, "status=none"])
@@ -67,25 +84,28 @@ def test_exact_counts_sizes_slow_events_and_depth(loop_device: LoopDevice, strat
     rows = {r.op: r for r in device_rows(snap, opts)}
     assert set(rows) == {"read", "write"}
     assert rows["read"].disk == loop_device.name
-    assert (rows["read"].count, rows["read"].bytes) == (READS, READS * 4096)
-    assert (rows["write"].count, rows["write"].bytes) == (WRITES, WRITES * 65536)
-    assert rows["read"].hist.total == READS  # histogram total is the sum of its slots
+    short = unseen({op: r.count for op, r in rows.items()}, {"read": READS, "write": WRITES},
+                   snap.counters)  # fmt: skip
+    reads_n, writes_n = READS - short["read"], WRITES - short["write"]
+    assert (rows["read"].count, rows["read"].bytes) == (reads_n, reads_n * 4096)
+    assert (rows["write"].count, rows["write"].bytes) == (writes_n, writes_n * 65536)
+    assert rows["read"].hist.total == reads_n  # histogram total is the sum of its slots
 
     # Exercise 2: every read in the 4 KiB size slot, every write in the 64 KiB one.
     sizes = {
         (op, slot): c.count for (_, op, kind, slot), c in snap.cells.items() if kind == KIND_LATENCY
     }
-    assert sizes == {(0, 12): READS, (1, 16): WRITES}
+    assert sizes == {(0, 12): reads_n, (1, 16): writes_n}
     # --sizes counts exact sizes: every read 4096 bytes, every write 65536.
     reads, writes = sizes_of(snap, loop_device.dev, 0), sizes_of(snap, loop_device.dev, 1)
-    assert (reads.counts, writes.counts) == ({4096: READS}, {65536: WRITES})
+    assert (reads.counts, writes.counts) == ({4096: reads_n}, {65536: writes_n})
     assert reads.percentile(0.5) == reads.percentile(0.99) == 4096
     assert writes.percentile(0.5) == writes.percentile(0.99) == 65536
     assert snap.counters["sizes_full"] == 0
 
     # Exercise 3: threshold 0 streams every request, attributed to the dd that queued it.
     recs = list(slow_records(events))
-    assert len(recs) == READS + WRITES
+    assert len(recs) == reads_n + writes_n
     by_op = {op: [r for r in recs if r["op"] == op] for op in ("read", "write")}
     assert {r["pid"] for r in by_op["read"]} == {reader}
     assert {r["pid"] for r in by_op["write"]} == {writer}
@@ -96,10 +116,10 @@ def test_exact_counts_sizes_slow_events_and_depth(loop_device: LoopDevice, strat
 
     # Exercise 4: each request saw itself in flight; nothing left in flight after.
     depth = depth_rows(snap)[loop_device.dev]
-    assert depth["hist"].total == READS + WRITES
+    assert depth["hist"].total == READS + WRITES  # every issue was seen
     assert depth["max"] == 1  # one synchronous dd at a time: each request alone
     assert depth["hist"].percentile(0.5) == depth["hist"].percentile(0.99) == 1
-    assert depth["inflight"] == 0
+    assert depth["inflight"] == sum(short.values())  # the unseen completion, if any
     assert sum(c.count for k, c in snap.cells.items() if k[2] == KIND_DEPTH) == READS + WRITES
     assert snap.counters["events_lost"] == 0
     assert snap.counters["reqs_full"] == 0 and snap.counters["hists_full"] == 0
@@ -113,7 +133,10 @@ def test_plain_latency_counts_exactly_with_the_lightest_path(loop_device: LoopDe
         known_workload(loop_device)
         snap = tool.snapshot().since(start)
     rows = {r.op: (r.count, r.bytes) for r in device_rows(snap, opts)}
-    assert rows == {"read": (READS, READS * 4096), "write": (WRITES, WRITES * 65536)}
+    short = unseen({op: n for op, (n, _) in rows.items()}, {"read": READS, "write": WRITES},
+                   snap.counters)  # fmt: skip
+    reads_n, writes_n = READS - short["read"], WRITES - short["write"]
+    assert rows == {"read": (reads_n, reads_n * 4096), "write": (writes_n, writes_n * 65536)}
     assert not any(k[2] == KIND_DEPTH for k in snap.cells)
     assert snap.counters["unmatched"] == 0
 
@@ -213,7 +236,9 @@ def test_sizes_of_a_mix_are_counted_exactly(loop_device: LoopDevice) -> None:
         dd(f"if={loop_device.path}", "of=/dev/null", "bs=12k", "count=100", "iflag=direct")
         snap = tool.snapshot().since(start)
     sizes = sizes_of(snap, None, 0)
-    assert sizes.counts == {4096: 300, 12288: 100}, snap.counters
+    short = unseen(sizes.counts, {4096: 300, 12288: 100}, snap.counters)
+    if any(short.values()):
+        return  # the quantiles below are for the whole workload
     assert (sizes.percentile(0.5), sizes.percentile(0.75), sizes.percentile(0.76)) == (
         4096,
         4096,
@@ -267,5 +292,5 @@ def test_a_full_ring_counts_every_lost_record(loop_device: LoopDevice) -> None:
     assert 0 < delivered < READS + WRITES
     # Every completion the aggregates counted was either delivered or counted lost ...
     assert delivered + lost == counted, (delivered, lost, counted, snap.counters)
-    # ... and they counted the workload exactly.
-    assert counted == READS + WRITES, (counted, snap.counters)
+    # ... and they counted the workload.
+    unseen({"all": counted}, {"all": READS + WRITES}, snap.counters)
