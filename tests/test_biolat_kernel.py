@@ -114,7 +114,8 @@ def test_exact_counts_sizes_slow_events_and_depth(loop_device: LoopDevice, strat
     assert all(r["latency_ns"] > 0 and r["disk"] == loop_device.name for r in recs)
     assert {r["rwbs"][0] for r in by_op["read"]} == {"R"}
 
-    # Exercise 4: each request saw itself in flight; nothing left in flight after.
+    # Exercise 4: each request saw itself in flight; nothing left in flight after but
+    # the completion unseen, if any.
     depth = depth_rows(snap)[loop_device.dev]
     assert depth["hist"].total == READS + WRITES  # every issue was seen
     assert depth["max"] == 1  # one synchronous dd at a time: each request alone
