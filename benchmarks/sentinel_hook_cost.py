@@ -30,6 +30,7 @@ from _rounds import compile_c
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from bpfbuild import compile_bpf  # noqa: E402
 from netns import netns_pair  # noqa: E402
 
 from meridian.bpf import BpfObject, object_path  # noqa: E402
@@ -86,13 +87,8 @@ def per_packet(rounds: int) -> None:
     os.sched_setaffinity(0, {1})
     with tempfile.TemporaryDirectory() as tmp:
         loop = compile_c(UDP_LOOP, Path(tmp), "udp_loop")
-        empty = Path(tmp) / "empty.bpf.o"
         (Path(tmp) / "empty.bpf.c").write_text(EMPTY_HOOKS)
-        subprocess.run(
-            ["clang", "-O2", "-g", "-target", "bpf", f"-I{ROOT / 'build'}", "-c",
-             str(Path(tmp) / "empty.bpf.c"), "-o", str(empty)],
-            check=True,
-        )  # fmt: skip
+        empty = compile_bpf(Path(tmp) / "empty.bpf.c", Path(tmp) / "empty.bpf.o")
         configs = {
             "untraced": None,
             "two empty tp_btf programs": (empty, ["empty_rx", "empty_tx"]),
@@ -104,13 +100,12 @@ def per_packet(rounds: int) -> None:
         ns: dict[str, list[float]] = {name: [] for name in configs}
         for _ in range(rounds):
             for name, what in configs.items():
-                obj = None
-                if what is not None:
-                    obj = BpfObject(what[0])
-                    obj.select(what[1])
-                    obj.load()
-                    obj.attach(what[1])
-                try:
+                obj = BpfObject(what[0]) if what is not None else None
+                try:  # closed (every link detached) whatever fails
+                    if obj is not None and what is not None:
+                        obj.select(what[1])
+                        obj.load()
+                        obj.attach(what[1])
                     out = subprocess.run([str(loop), str(PACKETS)], capture_output=True, text=True)
                     ns[name].append(float(out.stdout))
                 finally:
