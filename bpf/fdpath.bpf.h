@@ -19,42 +19,38 @@
 #ifndef MERIDIAN_FDPATH_BPF_H
 #define MERIDIAN_FDPATH_BPF_H
 
-static __always_inline struct dentry *as_dentry(__u64 p)
-{
-	return bpf_rdonly_cast((void *)p, bpf_core_type_id_kernel(struct dentry));
-}
-
-static __always_inline struct mount *as_mount(__u64 p)
-{
-	return bpf_rdonly_cast((void *)p, bpf_core_type_id_kernel(struct mount));
-}
-
 /* A name kept inside its dentry (d_shortname, under 40 bytes: most names) copied as
  * five word loads and stores, with no helper call; the bytes past it are overwritten by
  * what follows. Returns its length, or -1 when the name lives elsewhere (a long name,
- * or a kernel before 6.14, which calls the field d_iname). */
-static __always_inline long copy_short_name(__u64 p, char *to)
+ * or a kernel before 6.14, which calls the field d_iname). direct: as in KFIELD_BY. */
+static __always_inline long copy_short_name(__u64 p, char *to, const bool direct)
 {
-	struct dentry *d = as_dentry(p);
-	__u32 len = d->d_name.len;
+	struct dentry *d;
 	__u64 *out = (__u64 *)to;
+	__u32 len;
 
-	if (!bpf_core_field_exists(struct dentry, d_shortname) ||
-	    (__u64)d->d_name.name != p + bpf_core_field_offset(struct dentry, d_shortname) ||
+	if (!bpf_core_field_exists(struct dentry, d_shortname))
+		return -1;
+	d = KOBJ_BY(direct, struct dentry, p);
+	len = KFIELD_BY(direct, d, d_name.len);
+	if ((__u64)KFIELD_BY(direct, d, d_name.name) !=
+		    p + bpf_core_field_offset(struct dentry, d_shortname) ||
 	    len >= sizeof(d->d_shortname))
 		return -1;
-	out[0] = d->d_shortname.words[0];
-	out[1] = d->d_shortname.words[1];
-	out[2] = d->d_shortname.words[2];
-	out[3] = d->d_shortname.words[3];
-	out[4] = d->d_shortname.words[4];
+	out[0] = KFIELD_BY(direct, d, d_shortname.words[0]);
+	out[1] = KFIELD_BY(direct, d, d_shortname.words[1]);
+	out[2] = KFIELD_BY(direct, d, d_shortname.words[2]);
+	out[3] = KFIELD_BY(direct, d, d_shortname.words[3]);
+	out[4] = KFIELD_BY(direct, d, d_shortname.words[4]);
 	return len;
 }
 
 /* Walking a file's dentries up to the root, then writing their names down from it,
  * straight into fdpath_dest() at [base]: two bpf_loop() callbacks, each verified once
  * (bounded loops in place of them exceed the verifier's budget). Kernel pointers are
- * kept as numbers and retyped with bpf_rdonly_cast where they are read. */
+ * kept as numbers. Each callback comes in two builds, reading with direct loads or
+ * with bpf_probe_read_kernel (KREAD_BY, KFIELD_BY: kread.bpf.h), and the caller picks
+ * one by have_bpf_rdonly_cast: no test of the flag inside a callback. */
 struct fdpath_walk {
 	__u64 d;	/* struct dentry * */
 	__u64 mnt;	/* struct mount * */
@@ -64,20 +60,20 @@ struct fdpath_walk {
 	__u64 chain[FDPATH_DEPTH];
 };
 
-static long fdpath_walk_up(__u64 i, struct fdpath_walk *c)
+static __always_inline long walk_up(struct fdpath_walk *c, const bool direct)
 {
-	struct mount *mnt = as_mount(c->mnt);
+	struct mount *mnt = KOBJ_BY(direct, struct mount, c->mnt);
 	__u64 parent, mnt_parent;
 
-	if (c->d == (__u64)mnt->mnt.mnt_root) {
-		mnt_parent = (__u64)mnt->mnt_parent;
+	if (c->d == (__u64)KFIELD_BY(direct, mnt, mnt.mnt_root)) {
+		mnt_parent = (__u64)KFIELD_BY(direct, mnt, mnt_parent);
 		if (mnt_parent == c->mnt)
 			return 1;	/* the root of everything */
-		c->d = (__u64)mnt->mnt_mountpoint;
+		c->d = (__u64)KFIELD_BY(direct, mnt, mnt_mountpoint);
 		c->mnt = mnt_parent;
 		return 0;
 	}
-	parent = (__u64)as_dentry(c->d)->d_parent;
+	parent = (__u64)KREAD_BY(direct, struct dentry, c->d, d_parent);
 	if (parent == c->d || c->n >= FDPATH_DEPTH)
 		return 1;	/* a disconnected root, or too deep */
 	c->chain[c->n & (FDPATH_DEPTH - 1)] = c->d;
@@ -86,7 +82,7 @@ static long fdpath_walk_up(__u64 i, struct fdpath_walk *c)
 	return 0;
 }
 
-static long fdpath_write_down(__u64 k, struct fdpath_walk *c)
+static __always_inline long write_down(__u64 k, struct fdpath_walk *c, const bool direct)
 {
 	__u32 at, base = c->base;
 	char *dest = fdpath_dest();
@@ -100,46 +96,83 @@ static long fdpath_write_down(__u64 k, struct fdpath_walk *c)
 	dest[at] = '/';
 	c->off++;
 	at = base + (c->off & (FDPATH_LEN - 1));
-	len = copy_short_name(d, &dest[at]);
+	len = copy_short_name(d, &dest[at], direct);
 	if (len < 0)
 		len = bpf_probe_read_kernel_str(&dest[at], FDPATH_LEN,
-						as_dentry(d)->d_name.name) - 1;
+						KREAD_BY(direct, struct dentry, d, d_name.name)) - 1;
 	if (len > 0)
 		c->off += len;
 	return 0;
 }
 
+static long fdpath_walk_up(__u64 i, struct fdpath_walk *c)
+{
+	return walk_up(c, true);
+}
+
+static long fdpath_walk_up_probed(__u64 i, struct fdpath_walk *c)
+{
+	return walk_up(c, false);
+}
+
+static long fdpath_write_down(__u64 k, struct fdpath_walk *c)
+{
+	return write_down(k, c, true);
+}
+
+static long fdpath_write_down_probed(__u64 k, struct fdpath_walk *c)
+{
+	return write_down(k, c, false);
+}
+
 #include "fdpath_dname.bpf.h"	/* fdpath_dname(): the names of pseudo files */
 
-/* f's path at dest[base] (dest: fdpath_dest(), base at most FDPATH_MAX_BASE),
- * NUL-terminated: its length with the NUL, 0 when f is NULL. */
-static __always_inline long fdpath_write(struct file *f, char *dest, __u32 base)
+/* The walk of f's dentries (d: its dentry) for fdpath_write(). A function of its own, so
+ * that the walk's state and fdpath_dname()'s share their stack: the frames of a program,
+ * send_name() and a bpf_loop() callback together fit in the verifier's 512 bytes, also
+ * with the temporaries of kernels without bpf_rdonly_cast. */
+static __always_inline long fdpath_walk(struct file *f, struct dentry *d, char *dest,
+					__u32 base)
 {
 	struct fdpath_walk c = {};
-	struct dentry *d;
-	long n;
 
-	if (!f || base > FDPATH_MAX_BASE)
-		return 0;
-	d = f->f_path.dentry;
-	n = fdpath_dname(f, d, dest, base);
-	if (n > 0)
-		return n;
 	c.d = (__u64)d;
-	c.mnt = (__u64)container_of(f->f_path.mnt, struct mount, mnt);
+	c.mnt = (__u64)KFIELD(f, f_path.mnt) - bpf_core_field_offset(struct mount, mnt);
 	c.base = base;
-	bpf_loop(FDPATH_DEPTH + 16, fdpath_walk_up, &c, 0);
+	if (have_bpf_rdonly_cast)
+		bpf_loop(FDPATH_DEPTH + 16, fdpath_walk_up, &c, 0);
+	else
+		bpf_loop(FDPATH_DEPTH + 16, fdpath_walk_up_probed, &c, 0);
 	if (c.n == 0) {
 		dest[base] = '/';
 		c.off = 1;
-	} else {
+	} else if (have_bpf_rdonly_cast) {
 		bpf_loop(FDPATH_DEPTH, fdpath_write_down, &c, 0);
+	} else {
+		bpf_loop(FDPATH_DEPTH, fdpath_write_down_probed, &c, 0);
 	}
 	if (c.off > FDPATH_LEN - 1)
 		c.off = FDPATH_LEN - 1;
 	c.off = fdpath_deleted(d, dest, base, c.off);
 	dest[base + (c.off & (FDPATH_LEN - 1))] = 0;
 	return c.off + 1;
+}
+
+/* f's path at dest[base] (dest: fdpath_dest(), base at most FDPATH_MAX_BASE),
+ * NUL-terminated: its length with the NUL, 0 when f is NULL. f: from fd_file() or KOBJ
+ * (its fields read with KFIELD). */
+static __always_inline long fdpath_write(struct file *f, char *dest, __u32 base)
+{
+	struct dentry *d;
+	long n;
+
+	if (!f || base > FDPATH_MAX_BASE)
+		return 0;
+	d = KFIELD(f, f_path.dentry);
+	n = fdpath_dname(f, d, dest, base);
+	if (n > 0)
+		return n;
+	return fdpath_walk(f, d, dest, base);
 }
 
 #endif /* MERIDIAN_FDPATH_BPF_H */

@@ -31,30 +31,30 @@ static const char fdpath_fmt_dmabuf[] = "/%s:%s";
 static const char fdpath_fmt_dmabuf_anon[] = "/%s:";
 static const char fdpath_fmt_simple[] = "/%s (deleted)";
 
-/* d's name at dest[base] when d names itself: its length with the NUL, else 0. */
+/* d's name at dest[base] when d names itself: its length with the NUL, else 0. f and
+ * d: read with KFIELD (kread.bpf.h). */
 static __always_inline long fdpath_dname(struct file *f, struct dentry *d, char *dest,
 					 __u32 base)
 {
-	const struct dentry_operations *op = d->d_op;
-	struct inode *inode = d->d_inode;
+	const struct dentry_operations *op = KFIELD(d, d_op);
+	struct inode *inode;
 	__u64 data[2] = {};
 	const char *fmt = fdpath_fmt_simple;
-	struct ns_common *ns;
-	struct dma_buf *db;
 	long n;
 
-	if (!op || !op->d_dname || base > FDPATH_MAX_BASE)
+	if (!op || !KFIELD(op, d_dname) || base > FDPATH_MAX_BASE)
 		return 0;
-	if (d == d->d_parent && d == f->f_path.mnt->mnt_root)
+	if (d == KFIELD(d, d_parent) && d == KFIELD(f, f_path.mnt, mnt_root))
 		return 0;	/* the root of a mount: walked as a path */
-	data[0] = (__u64)d->d_name.name;
-	switch (d->d_sb->s_magic) {
+	inode = KFIELD(d, d_inode);
+	data[0] = (__u64)KFIELD(d, d_name.name);
+	switch (KFIELD(d, d_sb, s_magic)) {
 	case FDPATH_PIPEFS_MAGIC:
-		data[0] = inode ? inode->i_ino : 0;
+		data[0] = inode ? KFIELD(inode, i_ino) : 0;
 		fmt = fdpath_fmt_pipe;
 		break;
 	case FDPATH_SOCKFS_MAGIC:
-		data[0] = inode ? inode->i_ino : 0;
+		data[0] = inode ? KFIELD(inode, i_ino) : 0;
 		fmt = fdpath_fmt_socket;
 		break;
 	case FDPATH_ANON_INODE_FS_MAGIC:
@@ -66,14 +66,12 @@ static __always_inline long fdpath_dname(struct file *f, struct dentry *d, char 
 	case FDPATH_NSFS_MAGIC:
 		if (!inode)
 			return 0;
-		ns = bpf_rdonly_cast(inode->i_private, bpf_core_type_id_kernel(struct ns_common));
-		data[0] = (__u64)ns->ops->name;
-		data[1] = inode->i_ino;
+		data[0] = (__u64)KREAD(struct ns_common, KFIELD(inode, i_private), ops, name);
+		data[1] = KFIELD(inode, i_ino);
 		fmt = fdpath_fmt_ns;
 		break;
 	case FDPATH_DMA_BUF_MAGIC:
-		db = bpf_rdonly_cast(d->d_fsdata, bpf_core_type_id_kernel(struct dma_buf));
-		data[1] = (__u64)db->name;
+		data[1] = (__u64)KREAD(struct dma_buf, KFIELD(d, d_fsdata), name);
 		fmt = data[1] ? fdpath_fmt_dmabuf : fdpath_fmt_dmabuf_anon;
 		break;
 	}
@@ -84,14 +82,15 @@ static __always_inline long fdpath_dname(struct file *f, struct dentry *d, char 
 }
 
 /* A walked path of `off` bytes at dest[base] gets " (deleted)" when its file was
- * unlinked (d_unlinked(): unhashed and not a root), as /proc shows it; the new length. */
+ * unlinked (d_unlinked(): unhashed and not a root), as /proc shows it; the new length.
+ * d: read with KFIELD. */
 static __always_inline __u32 fdpath_deleted(struct dentry *d, char *dest, __u32 base,
 					    __u32 off)
 {
 	const char tail[] = " (deleted)";
 	__u32 i;
 
-	if (d->d_hash.pprev || d->d_parent == d || base > FDPATH_MAX_BASE)
+	if (KFIELD(d, d_hash.pprev) || KFIELD(d, d_parent) == d || base > FDPATH_MAX_BASE)
 		return off;
 	if (off > FDPATH_LEN - sizeof(tail))
 		off = FDPATH_LEN - sizeof(tail);

@@ -182,12 +182,13 @@ static __always_inline bool traced(__u32 pid)
 	return true;
 }
 
-/* The inode of a regular file, or NULL. */
+/* The inode of a regular file, or NULL. f (from fd_file()) and the inode: read with
+ * KFIELD (kread.bpf.h). */
 static __always_inline struct inode *regular_inode(struct file *f)
 {
-	struct inode *inode = f ? f->f_inode : NULL;
+	struct inode *inode = f ? KFIELD(f, f_inode) : NULL;
 
-	if (!inode || (inode->i_mode & S_IFMT) != S_IFREG)
+	if (!inode || (KFIELD(inode, i_mode) & S_IFMT) != S_IFREG)
 		return NULL;
 	return inode;
 }
@@ -214,11 +215,11 @@ static __always_inline struct fileio_inflight *start_op(__u32 tid, struct file *
 		st->tid = tid;
 	}
 	if (pos < 0)
-		pos = f->f_pos;
+		pos = KFIELD(f, f_pos);
 	st->bytes_requested = bytes_requested;
 	st->pos = pos;
-	st->ino = inode->i_ino;
-	st->dev = inode->i_sb->s_dev;
+	st->ino = KFIELD(inode, i_ino);
+	st->dev = KFIELD(inode, i_sb, s_dev);
 	st->fd = fd;
 	st->op = op;
 	st->pair = 0;
@@ -265,8 +266,8 @@ static __always_inline void enter_copy(int in_fd, __s64 in_pos, int out_fd, __s6
 	st = start_op(task->pid, fd_file(task, in_fd), in_fd, IO_OP_READ, count, in_pos);
 	if (st && target) {
 		note_name(fout, target);
-		st->ino2 = target->i_ino;
-		st->dev2 = target->i_sb->s_dev;
+		st->ino2 = KFIELD(target, i_ino);
+		st->dev2 = KFIELD(target, i_sb, s_dev);
 		st->fd2 = out_fd;
 		st->pair = 1;
 	} else if (!st && target) {

@@ -52,20 +52,20 @@ RINGBUF_DEF(names, 1 << 22);
 
 EXPORT_RECORD(fileio_name);
 
-/* Unlinked: the dentry is unhashed and not a root (d_unlinked()). */
+/* Unlinked: the dentry is unhashed and not a root (d_unlinked()). d: read with KFIELD. */
 static __always_inline bool unlinked(struct dentry *d)
 {
-	return !d->d_hash.pprev && d->d_parent != d;
+	return !KFIELD(d, d_hash.pprev) && KFIELD(d, d_parent) != d;
 }
 
 /* The walk and the record, as a global function: verified once, not inlined into each
  * syscall's program (raw_enter would exceed the verifier's budget). Its arguments are
- * numbers; the file pointer is retyped here. Returns 0 when sent. */
+ * numbers; the file pointer is retyped here (KOBJ). Returns 0 when sent. */
 __noinline int send_name(__u64 file, __u64 ino, __u32 dev, __u32 gone, __u64 sig)
 {
-	struct file *f = bpf_rdonly_cast((void *)file, bpf_core_type_id_kernel(struct file));
-	struct inode_key k = { .ino = ino, .dev = dev };
+	struct file *f = KOBJ(struct file, file);
 	struct fileio_name_buf *b;
+	struct inode_key k;
 	__u32 zero = 0;
 	long n;
 
@@ -83,24 +83,32 @@ __noinline int send_name(__u64 file, __u64 ino, __u32 dev, __u32 gone, __u64 sig
 		COUNT(names_lost);
 		return 1;	/* not remembered: the next operation tries again */
 	}
+	/* The key built only now, from the record: its stack is the walk's (the frames of
+	 * a program, this function and a bpf_loop() callback share 512 bytes). */
+	k.ino = b->n.ino;
+	k.dev = b->n.dev;
+	k.pad = 0;
 	bpf_map_update_elem(&named, &k, &sig, BPF_ANY);
 	return 0;
 }
 
 /* Sends f's path if this inode's name was not sent yet, or has changed since: inline,
- * the common case is one lookup that finds the same signature. */
+ * the common case is one lookup that finds the same signature. f and inode: read with
+ * KFIELD (kread.bpf.h). */
 static __always_inline void note_name(struct file *f, struct inode *inode)
 {
-	struct inode_key k = { .ino = inode->i_ino, .dev = inode->i_sb->s_dev };
-	struct dentry *d = f->f_path.dentry;
+	struct inode_key k = { .ino = KFIELD(inode, i_ino), .dev = KFIELD(inode, i_sb, s_dev) };
+	struct dentry *d = KFIELD(f, f_path.dentry);
+	struct inode *dir;
 	__u64 sig, *old, file = 0;
 	bool gone;
 
 	if (!events_on || !d)
 		return;
 	gone = unlinked(d);
-	sig = d->d_parent->d_inode ? d->d_parent->d_inode->i_ino : 0;
-	sig = d->d_name.hash_len ^ (sig * 0x9E3779B97F4A7C15ULL) ^ gone;
+	dir = KFIELD(d, d_parent, d_inode);
+	sig = dir ? KFIELD(dir, i_ino) : 0;
+	sig = KFIELD(d, d_name.hash_len) ^ (sig * 0x9E3779B97F4A7C15ULL) ^ gone;
 	old = bpf_map_lookup_elem(&named, &k);
 	if (old && *old == sig)
 		return;

@@ -28,7 +28,6 @@
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_endian.h>
 #include "maps.bpf.h"
-#include "task.bpf.h"
 #include "sentinel.h"
 
 #define ETH_P_IP_ 0x0800

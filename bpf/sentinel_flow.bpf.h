@@ -3,6 +3,8 @@
 #ifndef MERIDIAN_SENTINEL_FLOW_BPF_H
 #define MERIDIAN_SENTINEL_FLOW_BPF_H
 
+#include "kread.bpf.h"
+
 /* ---- flow context ---------------------------------------------------------------- */
 
 /* FNV-1a 64 over the 40 bytes of the key, byte by byte (user space recomputes it). */
@@ -112,13 +114,24 @@ static __always_inline void record_unparsed(void)
 		__sync_fetch_and_add(&c->flows_unparsed, 1);
 }
 
+/* The packet header of type T at kernel address `addr`, to read fields from. Where the
+ * kernel has bpf_rdonly_cast (6.2+), the header itself: direct loads (a fault reads as
+ * zero), no helper call, for this runs for every packet. Older kernels: `copy` (a T on
+ * the stack), filled by one bpf_probe_read_kernel (all zero if it faults). Only for the
+ * fixed layouts of the UAPI headers. */
+#define PKT_HDR(T, addr, copy)                                                  \
+	(have_bpf_rdonly_cast ?                                                 \
+		 KCAST(T, addr) :                                               \
+		 (bpf_probe_read_kernel((copy), sizeof(T), (addr)), (T *)(copy)))
+
 /* Fill `key` from the network header at `nh` (kernel memory, the family from the IP
- * version nibble). The headers are read with direct loads through bpf_rdonly_cast (a
- * fault reads as zero), not helper calls: this runs for every packet. Returns false
- * when there is no IPv4/IPv6 TCP/UDP flow. */
+ * version nibble). Returns false when there is no IPv4/IPv6 TCP/UDP flow. */
 static __always_inline bool parse_l3(const void *nh, struct ms_flow_key *key)
 {
-	struct iphdr *ip = bpf_rdonly_cast(nh, bpf_core_type_id_kernel(struct iphdr));
+	struct iphdr ip_copy;	/* the copies of kernels without bpf_rdonly_cast */
+	struct ipv6hdr ip6_copy;
+	struct udphdr l4_copy;
+	struct iphdr *ip = PKT_HDR(struct iphdr, nh, &ip_copy);
 	struct udphdr *l4;
 	__u8 first = *(__u8 *)ip, proto;
 
@@ -133,9 +146,9 @@ static __always_inline bool parse_l3(const void *nh, struct ms_flow_key *key)
 		*(__u32 *)key->saddr = ip->saddr;
 		*(__u32 *)key->daddr = ip->daddr;
 		key->family = AF_INET_;
-		l4 = bpf_rdonly_cast(nh + ihl * 4, bpf_core_type_id_kernel(struct udphdr));
+		l4 = PKT_HDR(struct udphdr, nh + ihl * 4, &l4_copy);
 	} else if (first >> 4 == 6) {
-		struct ipv6hdr *ip6 = bpf_rdonly_cast(nh, bpf_core_type_id_kernel(struct ipv6hdr));
+		struct ipv6hdr *ip6 = PKT_HDR(struct ipv6hdr, nh, &ip6_copy);
 
 		proto = ip6->nexthdr;
 		/* Extension headers are not walked: such packets have no flow. */
@@ -147,7 +160,7 @@ static __always_inline bool parse_l3(const void *nh, struct ms_flow_key *key)
 			((__u32 *)key->daddr)[i] = ip6->daddr.in6_u.u6_addr32[i];
 		}
 		key->family = AF_INET6_;
-		l4 = bpf_rdonly_cast(nh + sizeof(*ip6), bpf_core_type_id_kernel(struct udphdr));
+		l4 = PKT_HDR(struct udphdr, nh + sizeof(*ip6), &l4_copy);
 	} else {
 		return false;
 	}
@@ -158,13 +171,10 @@ static __always_inline bool parse_l3(const void *nh, struct ms_flow_key *key)
 	return true;
 }
 
-/* gso_segs of an skb: skb_shinfo(skb) is at head + end (a direct load, no helper). */
+/* gso_segs of an skb: skb_shinfo(skb) is at head + end. */
 static __always_inline __u16 skb_segs(const struct sk_buff *skb)
 {
-	struct skb_shared_info *shinfo;
-
-	shinfo = bpf_rdonly_cast(skb->head + skb->end, bpf_core_type_id_kernel(struct skb_shared_info));
-	return shinfo->gso_segs;
+	return KREAD(struct skb_shared_info, skb->head + skb->end, gso_segs);
 }
 
 /* Received: skb->data is at the network header, skb->protocol its ethertype; up to two
@@ -178,13 +188,10 @@ static __always_inline void on_rx(const struct sk_buff *skb)
 
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
-		struct vlan_hdr *vh;
-
 		if (proto != ETH_P_8021Q_ && proto != ETH_P_8021AD_)
 			break;
-		vh = bpf_rdonly_cast(nh, bpf_core_type_id_kernel(struct vlan_hdr));
-		proto = bpf_ntohs(vh->h_vlan_encapsulated_proto);
-		nh += sizeof(*vh);
+		proto = bpf_ntohs(KREAD(struct vlan_hdr, nh, h_vlan_encapsulated_proto));
+		nh += sizeof(struct vlan_hdr);
 	}
 	if ((proto != ETH_P_IP_ && proto != ETH_P_IPV6_) || !parse_l3(nh, &key.k)) {
 		record_unparsed();

@@ -170,9 +170,15 @@ static __always_inline bool skip_for_fd(const struct syscalls_meta *meta, const 
 
 #include "syscalls_path.bpf.h"	/* fd_path(): an fd's path into the record */
 
-/* Bytes of b->data in use: bounded for the verifier (each string takes at most 256). */
+/* Bytes of b->data in use: bounded for the verifier (each string takes at most 256).
+ * The test stays in the code (barrier_var) even where clang proves it true: clang checks
+ * a string's length n as n - 1 <= 255, on a copy, and drops the clamp of the offset
+ * that follows. 6.18's verifier carries that bound back to n (registers linked by a
+ * negative delta), 6.12's does not, and refused the unclamped data[] index ("R1
+ * unbounded memory access" in btf_sys_enter). */
 static __always_inline __u32 bound(__u32 off)
 {
+	barrier_var(off);
 	return off > 2 * SYSCALLS_STR_LEN ? 2 * SYSCALLS_STR_LEN : off;
 }
 
@@ -227,6 +233,7 @@ static __always_inline void send(struct syscalls_buf *b, __u32 off, __s64 fill)
 	__u64 flags = BPF_RB_NO_WAKEUP;
 	__u32 len = off;
 
+	barrier_var(len);	/* the test stays: 6.1 does not know the bound clang knows */
 	if (len > SYSCALLS_DATA_LEN)
 		len = SYSCALLS_DATA_LEN;
 	b->ev.index = __sync_fetch_and_add(&next_index, 1);

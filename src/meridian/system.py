@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import resource
 import subprocess
@@ -14,6 +15,7 @@ __all__ = [
     "ensure_ready",
     "ensure_tracefs",
     "has_bpf_privileges",
+    "kernel_btf_has",
     "kernel_btf_path",
     "raise_memlock",
 ]
@@ -39,6 +41,19 @@ def has_bpf_privileges(status: str = "/proc/self/status") -> bool:
 
 def kernel_btf_path() -> Path:
     return KERNEL_BTF
+
+
+@functools.cache
+def _kernel_btf_names() -> bytes:
+    try:
+        return KERNEL_BTF.read_bytes()
+    except OSError:
+        return b""
+
+
+def kernel_btf_has(name: str) -> bool:
+    """Does the kernel's BTF name `name` (a function, a kfunc, btf_trace_<tracepoint>)?"""
+    return b"\0" + name.encode() + b"\0" in _kernel_btf_names()
 
 
 def ensure_tracefs(root: Path = TRACEFS) -> Path:

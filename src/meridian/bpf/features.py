@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BpfError, MeridianError, NotSupported
-from ..system import KERNEL_BTF, TRACEFS
+from ..system import TRACEFS, kernel_btf_has
 from . import _libbpf as L
 from . import refusals
 from .object import BpfObject
@@ -188,23 +188,15 @@ def require(feature: str) -> None:
     probe(feature).require()
 
 
-@functools.cache
-def _kernel_btf_names() -> bytes:
-    try:
-        return KERNEL_BTF.read_bytes()
-    except OSError:
-        return b""
-
-
 def hook_exists(section: str) -> bool:
     """Does the kernel have the hook a program's section names?"""
     kind, _, rest = section.partition("/")
     if kind == "tp_btf":
-        return b"\0btf_trace_" + rest.encode() + b"\0" in _kernel_btf_names()
+        return kernel_btf_has("btf_trace_" + rest)
     if kind in ("tracepoint", "tp"):
         return (TRACEFS / "events" / rest).is_dir()
     if kind in ("fentry", "fexit", "kprobe", "kretprobe"):
-        return b"\0" + rest.split("+")[0].encode() + b"\0" in _kernel_btf_names()
+        return kernel_btf_has(rest.split("+")[0])
     return True
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BpfError, ObjectMissing, PermissionProblem, VerifierError
+from ..system import kernel_btf_has
 from . import _libbpf as L
 from .btf import Btf
 from .maps import Map
@@ -187,7 +188,17 @@ class BpfObject:
 
     # ---- load, attach, close --------------------------------------------------------
 
+    def kernel_facts(self) -> dict[str, bool]:
+        """Each `have_<kfunc>` read-only global of the object (bpf/kread.bpf.h) and
+        whether this kernel has that kfunc: set before load, so the verifier drops the
+        branch this kernel cannot run and one object loads on every kernel."""
+        if self.btf is None or not any(m.name.endswith(".rodata") for m in self.maps.values()):
+            return {}
+        names = self.btf.datasec(".rodata")
+        return {n: kernel_btf_has(n.removeprefix("have_")) for n in names if n.startswith("have_")}
+
     def load(self) -> None:
+        self.set_rodata(self.kernel_facts())
         L.log_lines.clear()
         ret = L.lib().bpf_object__load(self._handle)
         if ret:
