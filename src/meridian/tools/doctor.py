@@ -9,7 +9,7 @@ import platform
 import sys
 from typing import Any
 
-from ..bpf import features, refusals
+from ..bpf import BpfObject, features, object_path, refusals
 from ..errors import MeridianError
 from ..output import JsonWriter
 from ..system import KERNEL_BTF, ensure_tracefs, has_bpf_privileges, raise_memlock
@@ -48,6 +48,27 @@ def _strategies() -> dict[str, str]:
     return out
 
 
+# What a tool's object does where the kernel lacks a kfunc it uses when there
+# (bpf/kread.bpf.h): the same results by another way.
+KFUNC_FALLBACKS = {
+    "bpf_rdonly_cast": "kernel memory read with bpf_probe_read_kernel, not direct loads "
+    "(bpf_rdonly_cast is Linux 6.2+): the same results, a few helper calls more per event",
+}
+
+
+def _kfuncs(tools: list[str]) -> dict[str, dict[str, bool]]:
+    """Per tool, each optional kfunc its object uses and whether this kernel has it."""
+    out: dict[str, dict[str, bool]] = {}
+    for tool in tools:
+        try:
+            with BpfObject(object_path(tool)) as obj:  # each tool's object has its name
+                facts = obj.kernel_facts()
+        except MeridianError:
+            facts = {}
+        out[tool] = {name.removeprefix("have_"): ok for name, ok in facts.items()}
+    return out
+
+
 def yes(ok: object) -> str:
     return "yes" if ok else "no "
 
@@ -76,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
             for n, p in probes.items()
         }
         report["strategies"] = _strategies()
+        report["kfuncs"] = _kfuncs(list(report["strategies"]))
     runnable = can_run and any(p.ok for n, p in probes.items() if n in ("tracepoint", "tp_btf"))
     report["can_run"] = bool(runnable)
     if args.json:
@@ -105,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
         print("\nstrategies")
         for tool, strategy in report["strategies"].items():
             print(f"  {tool:<11} {strategy}")
+            for kfunc, ok in report["kfuncs"][tool].items():
+                if not ok:
+                    print(f"  {'':<11} without {kfunc}: {KFUNC_FALLBACKS.get(kfunc, '')}")
     print(
         "\n"
         + (
