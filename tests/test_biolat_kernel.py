@@ -7,14 +7,16 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from children import reap, wait_attached
 from conftest import LoopDevice
+from strategies import every, run_or_skip
 
-from meridian.tools.biolat import Biolat, Options
+from meridian.tools.biolat import STRATEGIES, Biolat, Options
 from meridian.tools.biolat.model import (
     KIND_DEPTH,
     KIND_LATENCY,
@@ -72,14 +74,23 @@ def drain(tool: Biolat, want: int, timeout: float = 5.0) -> np.ndarray[Any, Any]
     return np.concatenate(got) if got else np.empty(0)
 
 
-@pytest.mark.parametrize("strategy", ["tp_btf", "tracepoint"])
+def device_stat(loop: LoopDevice) -> tuple[int, int]:
+    """Reads and writes completed, as the block layer counts them (/sys/block/X/stat)."""
+    fields = (Path("/sys/block") / loop.name / "stat").read_text().split()
+    return int(fields[0]), int(fields[4])
+
+
+@pytest.mark.parametrize("strategy", every(STRATEGIES))
 def test_exact_counts_sizes_slow_events_and_depth(loop_device: LoopDevice, strategy: str) -> None:
+    run_or_skip(STRATEGIES, strategy)
     opts = Options(per_disk=True, disk=loop_device.dev, slow_ms=0.0, depth=True, strategy=strategy)
     with Biolat(opts) as tool:
-        start = tool.snapshot()
+        start, stat0 = tool.snapshot(), device_stat(loop_device)
         reader, writer = known_workload(loop_device)
         events = drain(tool, READS + WRITES)
-        snap = tool.snapshot().since(start)
+        snap, stat1 = tool.snapshot().since(start), device_stat(loop_device)
+    # The device's own count: the workload's requests, no more (the ground truth).
+    assert (stat1[0] - stat0[0], stat1[1] - stat0[1]) == (READS, WRITES)
 
     rows = {r.op: r for r in device_rows(snap, opts)}
     assert set(rows) == {"read", "write"}

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from children import reap
 from io_trace import OPS, drain, end_child, io_cli
+from strategies import every, run_or_skip
 
-from meridian.tools.io.kernel import FileIO
+from meridian.tools.io.kernel import STRATEGIES, FileIO
 from meridian.tools.io.model import summarize
 from meridian.tools.io.options import Options
 
@@ -43,10 +44,43 @@ sys.stdin.readline()
 """
 
 
-@pytest.mark.parametrize("strategy", ["tracepoint", "tp_btf"])
+@pytest.mark.parametrize("strategy", every(STRATEGIES))
+def test_dd_reads_of_one_file_under_every_strategy(tmp_path: Path, strategy: str) -> None:
+    """dd's 256 reads of 4 KiB: 256 read events of 4096 bytes on that file, and the
+    process's aggregate equal to its events, under every strategy this kernel allows."""
+    run_or_skip(STRATEGIES, strategy)
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(256 * 4096))
+    dd = ["dd", f"if={data}", "of=/dev/null", "bs=4096", "count=256", "status=none"]
+    # Waits until traced, then becomes dd (the same PID): its reads from its first.
+    becomes_dd = "import os, sys; sys.stdin.readline(); os.execvp('dd', sys.argv[1:])"
+    p = subprocess.Popen([sys.executable, "-c", becomes_dd, *dd], stdin=subprocess.PIPE)
+    try:
+        with FileIO(Options(pids=[p.pid], strategy=strategy)) as tool:
+            assert tool.strategy.name == strategy
+            assert p.stdin is not None
+            p.stdin.write(b"go\n")
+            p.stdin.close()
+            assert p.wait(60) == 0
+            events = drain(tool, p.pid, 10_000, timeout=3.0)  # all of them (ld.so's too)
+            stats = summarize(*tool.stats())
+            lost = {k: v for k, v in tool.counters().items() if v}
+    finally:
+        reap(p)
+    on_file = events[events["ino"] == data.stat().st_ino]
+    assert len(on_file) == 256, lost
+    assert {(OPS[int(e["op"])], int(e["bytes"])) for e in on_file} == {("read", 4096)}
+    reads = events[events["op"] == OPS.index("read")]
+    assert stats[p.pid].total("read").ops == len(reads)
+    assert stats[p.pid].total("read").bytes == int(reads["bytes"].sum())
+    assert not lost
+
+
+@pytest.mark.parametrize("strategy", every(STRATEGIES))
 def test_sendfile_and_copy_file_range(tmp_path: Path, strategy: str) -> None:
     """The regular-file side of a copy: the source's bytes as a read, the target's as a
     write, exact, with the right fd and inode; sockets and /dev/zero are not there."""
+    run_or_skip(STRATEGIES, strategy)
     src = tmp_path / "src.bin"
     src.write_bytes(os.urandom(65536))
     dst, dst2, dst3 = (tmp_path / n for n in ("dst.bin", "dst2.bin", "dst3.bin"))

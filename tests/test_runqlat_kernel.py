@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 from children import reap
+from strategies import every, run_or_skip
 
-from meridian.tools.runqlat import Options, Runqlat
+from meridian.tools.runqlat import STRATEGIES, Options, Runqlat
 from meridian.tools.runqlat.validate import spinners, validate
 
 pytestmark = pytest.mark.kernel
@@ -79,7 +80,7 @@ def _recursion_misses() -> int:
     return total
 
 
-@pytest.mark.parametrize("strategy", ["tp_btf", "tracepoint"])
+@pytest.mark.parametrize("strategy", every(STRATEGIES))
 def test_each_process_waits_what_its_schedstat_says(strategy: str) -> None:
     """Spinners pinned to one CPU (taskset), whole lives inside the measurement: runqlat
     attached before they start, read after they exit and before they are reaped (a
@@ -97,6 +98,7 @@ def test_each_process_waits_what_its_schedstat_says(strategy: str) -> None:
     a missed wait of several ms would move) is checked where the counts are equal:
     within 1%, the difference of two clocks (the kernel's rq clock, read before the
     tracepoint; bpf_ktime_get_ns() in it): a few microseconds per wait, 0.03% here."""
+    run_or_skip(STRATEGIES, strategy)
     cpu = max(os.sched_getaffinity(0))
     kids: list[subprocess.Popen[bytes]] = []
     try:

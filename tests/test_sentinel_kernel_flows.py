@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 from netns import netns_pair
 from sentinel_source import CLOCK, drain
+from strategies import every, run_or_skip
 
-from meridian.tools.sentinel.kernel import KernelSource
+from meridian.tools.sentinel.kernel import STRATEGIES, KernelSource
 from meridian.tools.sentinel.records import Event
 
 pytestmark = pytest.mark.kernel
@@ -38,9 +39,15 @@ def flow_id(src: str, dst: str, sport: int, dport: int, proto: int = 6) -> int:
     return fnv1a64(s + d + struct.pack("!HHBB2x", sport, dport, proto, 2))
 
 
-def test_flow_attribution_over_veth() -> None:
+@pytest.mark.parametrize("strategy", every(STRATEGIES))
+def test_flow_attribution_over_veth(strategy: str) -> None:
+    run_or_skip(STRATEGIES, strategy)
     cport = 40000 + os.getpid() % 20000
-    with netns_pair("f") as pair, KernelSource(CLOCK, frequency=999) as src:
+    with (
+        netns_pair("f") as pair,
+        KernelSource(CLOCK, frequency=999, strategy=strategy) as src,
+    ):
+        assert src.strategy.name == strategy
         batches: list[np.ndarray[Any, Any]] = []
         stop = threading.Event()
         reader = threading.Thread(target=drain, args=(src, stop, batches))
@@ -81,7 +88,9 @@ def test_flow_attribution_over_veth() -> None:
         f"({100 * share:.1f}%), data {np.sum(on_stream['flow_id'] == data)}, "
         f"acks {np.sum(on_stream['flow_id'] == acks)}"
     )
-    assert len(with_flow) >= 200
+    # Hundreds here; tens in the kernel matrix's guests, where QEMU emulates every
+    # instruction and the stream is slow (tests/kernel_matrix.py).
+    assert len(with_flow) >= 20
     assert share > 0.5  # most of the attributed samples land on the stream
     assert np.any(on_stream["flow_id"] == data) and np.any(on_stream["flow_id"] == acks)
     # both directions of the packet path: TX of the sender, RX of the receiver

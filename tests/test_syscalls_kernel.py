@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 from children import build_c
+from strategies import every, run_or_skip
+
+from meridian.tools.syscalls import STRATEGIES
 
 pytestmark = pytest.mark.kernel
 
@@ -58,8 +61,42 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line]
 
 
-@pytest.mark.parametrize("strategy", ["tp_btf", "tracepoint"])
+def path_and_outcome(line: str) -> tuple[str, str]:
+    """An openat line's path and its fd or errno name: strace writes flags and errors
+    its own way (O_RDONLY|O_CLOEXEC, -1 ENOENT (No such file or directory))."""
+    result = line.rsplit(" = ", 1)[1].split()
+    return line.split(", ")[1], result[1] if result[0].startswith("-") else result[0]
+
+
+@pytest.mark.parametrize("strategy", every(STRATEGIES))
+def test_openat_calls_of_cat_equal_straces(tmp_path: Path, strategy: str) -> None:
+    """`cat FILE`: the openat calls, their paths and results are strace's, under every
+    strategy this kernel allows."""
+    run_or_skip(STRATEGIES, strategy)
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed (make deps)")
+    data = tmp_path.resolve() / "cat-me.txt"
+    data.write_bytes(CONTENT)
+    log = tmp_path / "strace.log"
+    subprocess.run(
+        ["strace", "-f", "-qq", "-e", "trace=openat", "-o", str(log), "cat", str(data)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    want = [re.sub(r"^\d+ +", "", line) for line in log.read_text().splitlines()]
+    live = meridian("--json", "--strategy", strategy, "-e", "openat", "--", "cat", str(data))
+    assert live.returncode == 0, live.stderr
+    assert re.findall(r"(\d+) lost", live.stderr) == ["0"], live.stderr
+    lines = [ln for ln in live.stdout.splitlines() if ln != CONTENT.decode().strip()]  # cat's
+    rows = [r for r in _json_lines("\n".join(lines)) if r["syscall"] == "openat"]
+    got = [f"openat({', '.join(r['args'])}) = {r['result_text']}" for r in rows]
+    assert len(got) == len(want) >= 4, (got, want)
+    assert [path_and_outcome(g) for g in got] == [path_and_outcome(w) for w in want]
+    assert json.dumps(str(data)) in got[-1]
+
+
+@pytest.mark.parametrize("strategy", every(STRATEGIES))
 def test_prog_calls_paired_with_paths(prog: Path, tmp_path: Path, strategy: str) -> None:
+    run_or_skip(STRATEGIES, strategy)
     tmp = tmp_path.resolve()
     src, missing, a, b = tmp / "input.txt", tmp / "missing.txt", tmp / "a", tmp / "b"
     src.write_bytes(CONTENT)
@@ -113,7 +150,7 @@ def test_prog_calls_paired_with_paths(prog: Path, tmp_path: Path, strategy: str)
     assert f'openat(AT_FDCWD, "{missing}", O_RDONLY) = -2 ENOENT <' in plain_live
 
 
-@pytest.mark.parametrize("strategy", ["tp_btf", "tracepoint"])
+@pytest.mark.parametrize("strategy", every(STRATEGIES))
 def test_fd_path_crosses_mounts(prog: Path, tmp_path: Path, strategy: str) -> None:
     """An fd's path is resolved in the kernel across mount points: a file on a tmpfs
     mounted two levels below the test's directory, and a file at that mount's root.
