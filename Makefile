@@ -17,28 +17,37 @@ BPFTOOL   ?= bpftool
 # a skip): gcc, libc6-dev and binutils (nm) build test programs, util-linux has setpriv,
 # taskset and losetup, mount mounts tracefs and securityfs.
 DEB_PKGS  := clang llvm libbpf-dev bpftool bpftrace fio e2fsprogs util-linux mount zstd gcc \
-             libc6-dev binutils prometheus iperf3 iproute2 clickhouse-server chromium
+             libc6-dev binutils strace prometheus iperf3 iproute2 clickhouse-server chromium
 PYTEST_ARGS ?=
+# The kernel matrix (make test-kernels): Debian 12's own kernel and its backport, booted
+# under QEMU by virtme-ng over this root file system; the newest installed of each.
+KERNEL_PKGS := qemu-system-x86 busybox-static linux-image-amd64 linux-image-6.12-amd64
+KERNELS   ?= $$(for v in 6.1.0 6.12.; do ls -v /boot/vmlinuz-$$v* | tail -n 1; done)
 
-.PHONY: help deps venv bpf run test lint bench clean
+.PHONY: help deps venv bpf run test test-kernels lint bench clean
 help:
 	@echo "make run    set up (Debian packages, venv, BPF objects) and run meridian io for 10 s"
 	@echo "make test   the same set-up, then the whole test suite"
+	@echo "make test-kernels   the kernel tests again on Debian's 6.1 and 6.12 kernels (QEMU guests)"
 	@echo "make lint   ruff and mypy"
 	@echo "make bench  every benchmark in benchmarks/ (tables to copy into benchmarks/RESULTS.md)"
 
 # Debian packages: install only what is missing (apt-get update once, first); checked
-# again whenever this Makefile (the list) changes.
-deps: $(BUILD)/.deps
-$(BUILD)/.deps: Makefile
+# again whenever this Makefile (the lists) changes.
+define install_missing
 	@mkdir -p $(BUILD)
-	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "error: missing Debian packages: $$missing (run as root, or apt-get install them)" >&2; exit 2; fi; \
 	  echo "installing: $$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 	@touch $@
+endef
+
+deps: $(BUILD)/.deps
+$(BUILD)/.deps: Makefile
+	$(call install_missing,$(DEB_PKGS))
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml | $(BUILD)/.deps
@@ -67,6 +76,13 @@ run: venv bpf
 
 test: venv bpf
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+$(BUILD)/.kernel-deps: Makefile | $(BUILD)/.deps
+	$(call install_missing,$(KERNEL_PKGS))
+
+test-kernels: venv bpf $(BUILD)/.kernel-deps
+	$(PY) -m pip install -q -e '.[kernels]'
+	$(PY) tests/kernel_matrix.py $(KERNELS)
 
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -1,0 +1,209 @@
+"""The kernel matrix: the kernel tests again on the kernels users run, each booted as a
+guest (virtme-ng over this machine's root file system, so the same venv, BPF objects
+and tests), and a table of what ran. `make test-kernels` runs it; so does `.ci/run`.
+
+    python tests/kernel_matrix.py [--tests NODE ...] /boot/vmlinuz-6.1.0-... ...
+
+In a guest every feature the strategies need must work (MERIDIAN_REQUIRE_FEATURES): a
+strategy test that skips there fails, and a strategy of a tool that no test exercised
+fails the run. Exit status: 0 when every kernel passed, 1 otherwise, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meridian.tools import biolat, io, memlat, runqlat, sentinel, syscalls
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = REPO / ".venv" / "bin"
+
+# The guests' tests: each tool's exact counts against a known answer, once per strategy
+# (tests/strategies.py), and each tool's strategy choice and doctor against the facts.
+DEFAULT_TESTS = (
+    "tests/test_io_kernel_strategy.py::test_dd_reads_of_one_file_under_every_strategy",
+    "tests/test_io_kernel_strategy.py::test_sendfile_and_copy_file_range",
+    "tests/test_syscalls_kernel.py::test_openat_calls_of_cat_equal_straces",
+    "tests/test_syscalls_kernel.py::test_prog_calls_paired_with_paths",
+    "tests/test_memlat_kernel.py::test_minor_faults_equal_the_childs_getrusage",
+    "tests/test_memlat_kernel.py::test_failed_faults_are_counted_exactly",
+    "tests/test_biolat_kernel.py::test_exact_counts_sizes_slow_events_and_depth",
+    "tests/test_runqlat_kernel.py::test_each_process_waits_what_its_schedstat_says",
+    "tests/test_sentinel_kernel_flows.py::test_flow_attribution_over_veth",
+    "tests/test_bpf_kernel.py::test_every_feature_probe_equals_the_independent_fact",
+    "tests/test_bpf_kernel.py::test_every_tool_chooses_the_strategy_the_host_facts_predict",
+    "tests/test_bpf_kernel.py::test_doctor_says_why_fentry_and_kprobes_are_refused",
+)
+# What both Debian kernels allow (doctor says so there); hw_perf needs a PMU.
+GUEST_FEATURES = "tracepoint,tp_btf,fentry,kprobe,perf_event,ringbuf"
+TOOL_STRATEGIES = {
+    "biolat": biolat.STRATEGIES,
+    "io": io.STRATEGIES,
+    "memlat": memlat.STRATEGIES,
+    "runqlat": runqlat.STRATEGIES,
+    "sentinel": sentinel.STRATEGIES,
+    "syscalls": syscalls.STRATEGIES,
+}
+TOOLS = {name: [s.name for s in strategies] for name, strategies in TOOL_STRATEGIES.items()}
+# One guest: the boot and Python's start-up alone take ~30 s under TCG.
+GUEST_TIMEOUT_S = 1500
+
+
+@dataclass
+class Result:
+    kernel: str
+    passed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str = ""
+
+    def strategies(self) -> dict[str, set[str]]:
+        """tool -> its strategies that a passed test ran: tests/test_<tool>_*.py, a
+        strategy name among the test's parameters."""
+        out: dict[str, set[str]] = {}
+        for test_id in self.passed:
+            m = re.search(r"test_(\w+?)_\w*::\w+\[(.+)\]$", test_id)
+            if m and m.group(1) in TOOLS:
+                ran = set(m.group(2).split("-")) & set(TOOLS[m.group(1)])
+                out.setdefault(m.group(1), set()).update(ran)
+        return out
+
+
+def guest_script(tests: list[str], junit: Path) -> str:
+    """What the guest runs as root. It goes in a file: vng passes --exec's text on the
+    kernel command line, and one over its 2,048 bytes leaves the guest idle forever."""
+    return (
+        f"export MERIDIAN_REQUIRE_BPF=1 MERIDIAN_REQUIRE_FEATURES={GUEST_FEATURES}\n"
+        f"export PYTHONUNBUFFERED=1 PATH={VENV_BIN}:/usr/sbin:/usr/bin:/sbin:/bin\n"
+        "modprobe loop\n"  # a module on Debian's kernels, not loaded in a fresh guest
+        f"exec {VENV_BIN}/python -m pytest -p no:cacheprovider -p no:hypothesispytest -v -m kernel --durations=5 "
+        f"--junitxml={junit} {' '.join(tests)}\n"
+    )
+
+
+def boot(image: Path, tests: list[str], scratch: Path) -> Result:
+    """Boot `image`, run the tests in it, read back their JUnit report."""
+    kernel = image.name.removeprefix("vmlinuz-")
+    junit = scratch / f"{kernel}.xml"
+    script = scratch / f"{kernel}.sh"
+    script.write_text(guest_script(tests, junit))
+    argv = [
+        str(VENV_BIN / "vng"), "--disable-kvm", "--run", str(image), "--user", "root",
+        "--cpus", "2", "--memory", "3G", f"--rwdir={scratch}", "--cwd", str(REPO),
+        "--exec", f"sh {script}",
+    ]  # fmt: skip
+    env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    print(f"== {kernel}: booting under TCG (5-10x slower than the host)", flush=True)
+    start = time.monotonic()
+    result = Result(kernel)
+    # The guest's console is relayed through a pipe: QEMU opens a file it is given as
+    # its output anew and truncates it, losing what came before.
+    proc = subprocess.Popen(
+        argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, errors="replace",
+    )  # fmt: skip
+    timer = threading.Timer(GUEST_TIMEOUT_S, proc.kill)
+    timer.start()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(f"   {line.rstrip()}", flush=True)
+    finally:
+        timer.cancel()
+        proc.stdout.close()  # type: ignore[union-attr]
+    status = proc.wait()
+    if time.monotonic() - start >= GUEST_TIMEOUT_S:
+        result.error = f"the guest run took over {GUEST_TIMEOUT_S} s"
+    elif status not in (0, 1):  # pytest: 1 = tests failed, read them below
+        result.error = f"the guest run ended with status {status}"
+    result.seconds = time.monotonic() - start
+    if junit.exists():
+        read_junit(junit, result)
+    elif not result.error:
+        result.error = "the guest wrote no test report"
+    return result
+
+
+def read_junit(path: Path, result: Result) -> None:
+    for case in ET.parse(path).getroot().iter("testcase"):
+        test_id = f"{case.get('classname', '')}::{case.get('name', '')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            result.failed.append(test_id)
+        elif case.find("skipped") is not None:
+            result.skipped.append(test_id)
+        else:
+            result.passed.append(test_id)
+
+
+def missing_strategies(result: Result) -> list[str]:
+    """Each tool's strategies the kernel allows that no passed test exercised."""
+    allowed = set(GUEST_FEATURES.split(","))
+    seen = result.strategies()
+    return [
+        f"{tool} {s.name}"
+        for tool, strategies in TOOL_STRATEGIES.items()
+        for s in strategies
+        if set(s.needs) <= allowed and s.name not in seen.get(tool, set())
+    ]
+
+
+def markdown(results: list[Result]) -> str:
+    """The README's "Tested kernels" rows."""
+    rows = [
+        "| kernel | strategies exercised (exact counts) | tests passed |",
+        "| --- | --- | --- |",
+    ]
+    for r in results:
+        ran = sorted(r.strategies().items())
+        strategies = "; ".join(f"{tool}: {', '.join(sorted(names))}" for tool, names in ran)
+        total = len(r.passed) + len(r.failed) + len(r.skipped)
+        rows.append(f"| {r.kernel} | {strategies} | {len(r.passed)} of {total} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("images", nargs="+", type=Path, help="kernel images (/boot/vmlinuz-...)")
+    parser.add_argument("--tests", nargs="+", default=list(DEFAULT_TESTS), help="pytest node ids")
+    args = parser.parse_args(argv)
+    if shutil.which("vng", path=str(VENV_BIN)) is None:
+        print("error: vng is missing: make test-kernels installs virtme-ng", file=sys.stderr)
+        return 2
+    for image in args.images:
+        if not image.is_file():
+            fix = "apt-get install linux-image-amd64 linux-image-6.12-amd64"
+            print(f"error: no kernel image {image} ({fix})", file=sys.stderr)
+            return 2
+    results = []
+    with tempfile.TemporaryDirectory(prefix="meridian-kernels-") as scratch:
+        for image in args.images:
+            results.append(boot(image, args.tests, Path(scratch)))
+    ok = True
+    for r in results:
+        missing = missing_strategies(r) if not r.error else []
+        print(
+            f"== {r.kernel}: {len(r.passed)} passed, {len(r.failed)} failed, "
+            f"{len(r.skipped)} skipped in {r.seconds:.0f} s"
+        )
+        for line in [*r.failed, r.error, *(f"not exercised: {m}" for m in missing)]:
+            if line:
+                print(f"   {line}")
+        ok = ok and not (r.failed or r.error or missing or not r.passed)
+    print(markdown(results))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
