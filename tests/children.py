@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# How much slower than this host the tests run: the kernel matrix's QEMU guests emulate
+# every instruction (tests/kernel_matrix.py sets it); waits for children scale with it.
+SLOWDOWN = float(os.environ.get("MERIDIAN_TEST_SLOWDOWN", "1"))
+
+
+def patience(seconds: float) -> float:
+    """A timeout of `seconds` on this host, as long as it needs to be here."""
+    return seconds * SLOWDOWN
 
 
 def reap(child: subprocess.Popen[Any]) -> None:

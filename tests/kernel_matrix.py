@@ -56,6 +56,8 @@ TOOL_STRATEGIES = {
     "syscalls": syscalls.STRATEGIES,
 }
 TOOLS = {name: [s.name for s in strategies] for name, strategies in TOOL_STRATEGIES.items()}
+# TCG against this host, for the tests' waits (tests/children.py patience()).
+SLOWDOWN = 5
 # One guest: the boot and Python's start-up alone take ~30 s under TCG.
 GUEST_TIMEOUT_S = 1500
 
@@ -86,6 +88,7 @@ def guest_script(tests: list[str], junit: Path) -> str:
     kernel command line, and one over its 2,048 bytes leaves the guest idle forever."""
     return (
         f"export MERIDIAN_REQUIRE_BPF=1 MERIDIAN_REQUIRE_FEATURES={GUEST_FEATURES}\n"
+        f"export MERIDIAN_TEST_SLOWDOWN={SLOWDOWN}\n"
         f"export PYTHONUNBUFFERED=1 PATH={VENV_BIN}:/usr/sbin:/usr/bin:/sbin:/bin\n"
         "modprobe loop\n"  # a module on Debian's kernels, not loaded in a fresh guest
         # the repository is read-only there: no cache, no hypothesis database

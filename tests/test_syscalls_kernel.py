@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from children import build_c
+from children import build_c, patience
 from strategies import every, run_or_skip
 
 from meridian.tools.syscalls import STRATEGIES
@@ -53,7 +53,7 @@ def meridian(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "meridian", "syscalls", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patience(60),
     )
 
 
