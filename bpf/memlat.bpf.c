@@ -1,22 +1,33 @@
 // SPDX-License-Identifier: GPL-2.0
-/* meridian memlat: page-fault handling latency, t_exit - t_entry matched per thread
- * (the thread half of the seed's pid_tgid key, as an array slot), as log2 histograms
- * per minor/major fault (and per process with -P).
+/* meridian memlat: page-fault handling latency, as log2 histograms per minor/major fault
+ * (and per process with -P), matched per thread (the thread half of the seed's
+ * pid_tgid key, as an array slot).
  *
- * Strategies for the same logic, picked at run time by autoload, best first:
- *   fentry_* / fexit_*: handle_mm_fault itself (needs BPF trampolines); these also
- *          see faults taken for get_user_pages() (no pt_regs), which emit no perf
- *          event and so are not in the histograms of the perf strategies;
- *   kprobe_* / kretprobe_*: the same on kprobes;
- *   btf_* + perf_*: the exceptions:page_fault_user/kernel tracepoints (tp_btf) as
- *          entry, and perf_event programs on the software events page-faults-min and
- *          page-faults-maj as exit: mm_account_fault() emits them at the end of
- *          handle_mm_fault(), in the faulting thread, once per finished fault;
- *   tp_*  + perf_*: the same entry through the plain tracepoints.
- * A fault that fails (SIGSEGV, exception fixup) never reaches the exit: its entry is
- * overwritten by the thread's next fault (counted as stale), or the thread exits with
- * it (counted as exited). The entries are global, not per CPU: a major fault sleeps
- * on I/O and may finish on another CPU.
+ * What a fault is, the same under every strategy: a page-fault exception taken by a
+ * traced thread (exceptions:page_fault_user/kernel), timed from the trap to the end of
+ * handle_mm_fault(). It finishes when mm_account_fault() counts it as minor or major
+ * (as getrusage's ru_minflt/ru_majflt and the perf events page-faults-min/maj do),
+ * after any VM_FAULT_RETRY. Every other end is `failed`: no VMA or no access (SIGSEGV,
+ * or EFAULT through the exception fixup), VM_FAULT_ERROR from handle_mm_fault (SIGBUS,
+ * SIGSEGV, OOM), a kernel-address fault, a retry given up on a signal. A failed fault
+ * is counted once: where fexit/kretprobe see VM_FAULT_ERROR, else when the thread's
+ * next fault starts or the thread exits with it open. handle_mm_fault() calls without
+ * an exception (get_user_pages(): no pt_regs, no perf event; the kernel still adds
+ * them to the caller's ru_minflt) are no faults here. An end with no fault open is
+ * `unmatched` (a fault in flight at attach). So one workload gives the same counts
+ * under every strategy.
+ *
+ * Strategies for the same logic, picked at run time by autoload, best first; the entry
+ * is always the exception tracepoint, the end:
+ *   fentry:     fexit of handle_mm_fault: its return value and flags decide, as
+ *               mm_account_fault() does (tp_btf entries);
+ *   kprobe:     kretprobe of handle_mm_fault, its flags kept by a kprobe at its entry
+ *               (tracepoint entries);
+ *   tp_btf/tp + perf: perf_event programs on the software events page-faults-min and
+ *               page-faults-maj, which mm_account_fault() emits in the faulting thread
+ *               once per accounted fault.
+ * The slots are global, not per CPU: a major fault sleeps on I/O and may finish on
+ * another CPU.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -37,7 +48,7 @@ const volatile bool per_process = false;	/* -P */
 const volatile __u32 filter_pid = 0;		/* -p: thread group id, 0 = all */
 
 /* Each thread's fault in progress, in its slot (THREAD_SLOTS). The slot keeps the tid
- * it belongs to; a thread that finds another's tid there takes the slot over
+ * it belongs to; a thread whose fault starts where another's tid is takes the slot over
  * (counted). */
 THREAD_SLOTS(starts, struct memlat_start);
 HIST_MAP_DEF(hists, BPF_MAP_TYPE_PERCPU_HASH, struct memlat_key, struct memlat_hist, 10240);
@@ -49,58 +60,41 @@ static const struct memlat_hist zero_hist;
 
 #define COUNT(field) COUNT_ATOMIC(&counters, struct memlat_counters, field)
 
+/* Is the thread `id` (pid_tgid) traced (-p)? */
+static __always_inline bool traced(__u64 id)
+{
+	return !filter_pid || (__u32)(id >> 32) == filter_pid;
+}
+
+/* The slot of thread `tid`, whichever thread holds it. */
 static __always_inline struct memlat_start *slot_of(__u32 tid)
 {
 	return thread_slot(&starts, starts_mask, tid);
 }
 
-/* A fault starts in this thread. A thread keeps its slot between faults (ts_ns 0 when
- * closed). */
-static __always_inline void fault_start(__u32 flags)
+/* A page-fault exception: a fault starts in this thread. A thread keeps its slot between
+ * faults (ts_ns 0 when closed). */
+static __always_inline void fault_start(void)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	struct memlat_start *st;
-	__u32 tid = id;
 
-	if (filter_pid && (__u32)(id >> 32) != filter_pid)
+	if (!traced(id))
 		return;
-	st = slot_of(tid);
+	st = slot_of(id);
 	if (!st)
 		return;
-	if (st->tid != tid) {
+	if (st->tid != (__u32)id) {
 		/* Another thread's slot (tids equal modulo the array size): take it. */
 		if (st->ts_ns)
 			COUNT(evicted);
-		st->tid = tid;
-		st->retrying = 0;
-	} else if (st->retrying) {
-		/* handle_mm_fault called again after VM_FAULT_RETRY: the same fault, started
-		 * at the first call; the last call's flags decide major/minor
-		 * (FAULT_FLAG_TRIED is set there when the kernel retried it). */
-		st->retrying = 0;
-		st->flags = flags;
-		return;
+		st->tid = id;
+		st->in_call = 0;
 	} else if (st->ts_ns) {
-		COUNT(stale);
+		/* The thread's previous fault never got accounted: it failed. */
+		COUNT(failed);
 	}
 	st->ts_ns = bpf_ktime_get_ns();
-	st->flags = flags;
-}
-
-/* This thread's open fault, or NULL (counted unmatched). */
-static __always_inline struct memlat_start *open_fault(void)
-{
-	__u64 id = bpf_get_current_pid_tgid();
-	struct memlat_start *st;
-
-	if (filter_pid && (__u32)(id >> 32) != filter_pid)
-		return NULL;
-	st = slot_of(id);
-	if (!st || st->tid != (__u32)id || !st->ts_ns) {
-		COUNT(unmatched);
-		return NULL;
-	}
-	return st;
 }
 
 /* The fault of this thread finished: account it as `kind`. */
@@ -132,39 +126,50 @@ static __always_inline void fault_end(struct memlat_start *st, enum memlat_kind 
 		h->tail++;
 }
 
+/* The kernel accounted this thread's fault as `kind`: close it, or count an end
+ * without a start (unmatched). */
+static __always_inline void fault_accounted(struct memlat_start *st, __u32 tid,
+					    enum memlat_kind kind)
+{
+	if (st && st->tid == tid && st->ts_ns)
+		fault_end(st, kind);
+	else
+		COUNT(unmatched);
+}
+
 /* Exit seen as a perf software event: the kind is the event's. */
 static __always_inline int perf_exit(enum memlat_kind kind)
 {
-	struct memlat_start *st = open_fault();
+	__u64 id = bpf_get_current_pid_tgid();
 
-	if (st)
-		fault_end(st, kind);
+	if (traced(id))
+		fault_accounted(slot_of(id), id, kind);
 	return 0;	/* 0: the kernel writes no perf sample */
 }
 
-/* Exit seen at the return of handle_mm_fault: decide as mm_account_fault() does. */
-static __always_inline void ret_exit(__u32 ret)
+/* handle_mm_fault(), called for an exception (regs given), returned `ret` to this
+ * thread (whose slot is `st`, possibly another's): end the fault as mm_account_fault()
+ * does with the same ret and flags, so exactly when the perf events fire. */
+static __always_inline void fault_return(struct memlat_start *st, __u32 tid, __u32 ret,
+					 __u32 flags)
 {
-	struct memlat_start *st = open_fault();
-
-	if (!st)
-		return;
-	if (ret & VM_FAULT_RETRY_BIT) {
-		st->retrying = 1;	/* not finished: mm_account_fault() waits too */
-		return;
-	}
+	if (ret & VM_FAULT_RETRY_BIT)
+		return;	/* not finished: the exception calls handle_mm_fault again */
 	if (ret & VM_FAULT_ERROR_BITS) {
-		st->ts_ns = 0;
-		COUNT(failed);
+		/* Failed: counted now, not at the thread's next fault or exit. */
+		if (st && st->tid == tid && st->ts_ns) {
+			st->ts_ns = 0;
+			COUNT(failed);
+		}
 		return;
 	}
-	fault_end(st, (ret & VM_FAULT_MAJOR_BIT) || (st->flags & FAULT_FLAG_TRIED_BIT)
-			      ? MEMLAT_MAJOR
-			      : MEMLAT_MINOR);
+	fault_accounted(st, tid, (ret & VM_FAULT_MAJOR_BIT) || (flags & FAULT_FLAG_TRIED_BIT)
+					 ? MEMLAT_MAJOR
+					 : MEMLAT_MINOR);
 }
 
-/* A thread exits: a fault it left open never finishes. Close the slot, so that a
- * later thread with the same tid starts afresh (not stale, not retrying). */
+/* A thread exits: a fault it left open never finishes (failed). Close the slot, so that
+ * a later thread with the same tid starts afresh. */
 static __always_inline void thread_exit(__u32 tid)
 {
 	struct memlat_start *st = slot_of(tid);
@@ -172,9 +177,9 @@ static __always_inline void thread_exit(__u32 tid)
 	if (!st || st->tid != tid)
 		return;
 	if (st->ts_ns)
-		COUNT(exited);
+		COUNT(failed);
 	st->ts_ns = 0;
-	st->retrying = 0;
+	st->in_call = 0;
 }
 
 SEC("tp_btf/sched_process_exit")
@@ -191,43 +196,94 @@ int tp_thread_exit(void *ctx)
 	return 0;
 }
 
-/* ---- entries: fentry, kprobe, and the page-fault tracepoints ---------------------- */
+/* ---- entries: the page-fault exception, under every strategy ---------------------- */
 
-/* Every entry program is this body: a fault starts, with handle_mm_fault's flags
- * where the hook has them. `proto` is the program's signature. */
-#define FAULT_ENTRY(sec, proto, flags)						\
-	SEC(sec)								\
-	int proto								\
-	{									\
-		fault_start(flags);						\
-		return 0;							\
-	}
+SEC("tp_btf/page_fault_user")
+int BPF_PROG(btf_fault_user)
+{
+	fault_start();
+	return 0;
+}
 
-FAULT_ENTRY("fentry/handle_mm_fault",
-	    BPF_PROG(fentry_fault, struct vm_area_struct *vma, unsigned long address,
-		     unsigned int flags), flags)
-FAULT_ENTRY("kprobe/handle_mm_fault",
-	    BPF_KPROBE(kprobe_fault, struct vm_area_struct *vma, unsigned long address,
-		       unsigned int flags), flags)
-FAULT_ENTRY("tp_btf/page_fault_user", BPF_PROG(btf_fault_user), 0)
-FAULT_ENTRY("tp_btf/page_fault_kernel", BPF_PROG(btf_fault_kernel), 0)
-FAULT_ENTRY("tracepoint/exceptions/page_fault_user", tp_fault_user(void *ctx), 0)
-FAULT_ENTRY("tracepoint/exceptions/page_fault_kernel", tp_fault_kernel(void *ctx), 0)
+SEC("tp_btf/page_fault_kernel")
+int BPF_PROG(btf_fault_kernel)
+{
+	fault_start();
+	return 0;
+}
 
-/* ---- exits: fexit, kretprobe (the return value), perf events (the kind) ---------- */
+SEC("tracepoint/exceptions/page_fault_user")
+int tp_fault_user(void *ctx)
+{
+	fault_start();
+	return 0;
+}
+
+SEC("tracepoint/exceptions/page_fault_kernel")
+int tp_fault_kernel(void *ctx)
+{
+	fault_start();
+	return 0;
+}
+
+/* ---- ends: fexit, kretprobe (the return value), perf events (the kind) ------------ */
 
 SEC("fexit/handle_mm_fault")
 int BPF_PROG(fexit_fault, struct vm_area_struct *vma, unsigned long address, unsigned int flags,
 	     struct pt_regs *regs, vm_fault_t ret)
 {
-	ret_exit(ret);
+	__u64 id = bpf_get_current_pid_tgid();
+
+	/* regs NULL: get_user_pages(), no exception, no fault here (nor a perf event) */
+	if (regs && traced(id))
+		fault_return(slot_of(id), id, ret, flags);
+	return 0;
+}
+
+/* A kretprobe sees neither the arguments nor whether the call had regs: the kprobe at
+ * the entry marks the slot of a call for an exception (in_call) and keeps its flags.
+ * One case differs from the other strategies: a call whose slot holds another thread's
+ * open fault (tids equal modulo the array size) is not marked, so its end is not
+ * counted unmatched. */
+SEC("kprobe/handle_mm_fault")
+int BPF_KPROBE(kprobe_fault, struct vm_area_struct *vma, unsigned long address,
+	       unsigned int flags, struct pt_regs *regs)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct memlat_start *st;
+
+	if (!traced(id))
+		return 0;
+	st = slot_of(id);
+	if (!st)
+		return 0;
+	if (!regs) {
+		/* get_user_pages(): its return is no fault's end (even after a missed
+		 * kretprobe left in_call set) */
+		if (st->tid == (__u32)id)
+			st->in_call = 0;
+		return 0;
+	}
+	if (st->tid != (__u32)id) {
+		if (st->ts_ns)
+			return 0;
+		st->tid = id;	/* a closed slot: taking it loses nothing */
+	}
+	st->in_call = 1;
+	st->flags = flags;
 	return 0;
 }
 
 SEC("kretprobe/handle_mm_fault")
 int BPF_KRETPROBE(kretprobe_fault, vm_fault_t ret)
 {
-	ret_exit(ret);
+	__u64 id = bpf_get_current_pid_tgid();
+	struct memlat_start *st = slot_of(id);
+
+	if (!st || st->tid != (__u32)id || !st->in_call)
+		return 0;	/* get_user_pages(), or not traced */
+	st->in_call = 0;
+	fault_return(st, id, ret, st->flags);
 	return 0;
 }
 

@@ -33,23 +33,24 @@ struct memlat_hist {
 
 /* A thread's fault in progress (ts_ns 0 between faults), in the slot tid % size. */
 struct memlat_start {
-	__u64 ts_ns;
+	__u64 ts_ns;	/* the page-fault exception's time */
 	__u32 tid;	/* the thread the slot belongs to */
-	__u16 flags;	/* handle_mm_fault flags, low 16 bits (fentry/kprobe paths read
-			 * only FAULT_FLAG_TRIED, 0x20) */
-	__u16 retrying;	/* handle_mm_fault returned VM_FAULT_RETRY: it will be called again */
+	__u16 flags;	/* kprobe path: handle_mm_fault's flags at its last call, low 16
+			 * bits (only FAULT_FLAG_TRIED, 0x20, is read) */
+	__u16 in_call;	/* kprobe path: in handle_mm_fault called for an exception */
 };
 
-/* Everything the tool drops or cannot match, counted per CPU, never silently. Faults
+/* Every fault the histograms do not hold, counted per CPU, never silently. Faults
  * started and matched are not counted here (one atomic add fewer per fault each): the
  * matched ones are the histograms' total plus hists_full, the open ones are the slots
- * with a start time, and every other start ended as one of these. */
+ * with a start time, and every other start ended as failed or evicted. The same
+ * workload gives the same counts under every strategy (memlat.bpf.c). */
 struct memlat_counters {
-	__u64 stale;		/* entries overwritten by the next fault of the thread: the
-				 * fault failed (SIGSEGV, fixup) and never reached the exit */
-	__u64 unmatched;	/* exits without an entry (faults in flight at attach) */
-	__u64 failed;		/* handle_mm_fault returned an error (fentry/kprobe paths) */
-	__u64 exited;		/* threads that exited with a fault open (it never finished) */
+	__u64 failed;		/* faults the kernel did not account as minor or major (no
+				 * VMA or access: SIGSEGV/EFAULT; VM_FAULT_ERROR: SIGBUS...):
+				 * seen in handle_mm_fault's return value, or open when the
+				 * thread's next fault started or the thread exited */
+	__u64 unmatched;	/* faults accounted without a start (in flight at attach) */
 	__u64 evicted;		/* open faults whose slot another thread took (tids equal
 				 * modulo the slot array's size; never when it is pid_max) */
 	__u64 hists_full;	/* samples not counted: histogram map full */

@@ -113,6 +113,8 @@ class LoopDevice:
 @pytest.fixture
 def loop_device(tmp_path: Path) -> Iterator[LoopDevice]:
     """A 64 MiB loop device on a file, detached even when the test fails."""
+    if not Path("/dev/loop-control").exists():  # a fresh virtme-ng guest (kernel matrix)
+        subprocess.run(["modprobe", "loop"], check=False)
     backing = tmp_path / "disk.img"
     with open(backing, "wb") as f:
         f.truncate(64 << 20)

@@ -25,4 +25,5 @@ def run_or_skip(strategies: Sequence[Strategy], name: str) -> None:
     """Skip, with the feature and the kernel's reason, where `name` cannot run here."""
     strategy = next(s for s in strategies if s.name == name)
     for p in strategy.missing():
-        pytest.skip(f"kernel refuses {p.feature}: {p.detail}")
+        why = f" ({p.why})" if p.why else ""
+        pytest.skip(f"kernel refuses {p.feature}: {p.detail}{why}")

@@ -43,8 +43,9 @@ class _Cli(LatencyCli[Options]):
     name = "memlat"
     help = "page-fault latency histograms, minor/major, per process; validate"
     description = (
-        "Summarize page-fault handling latency (handle_mm_fault entry to exit) "
-        "as histograms per minor/major fault. 'validate' as first argument runs the "
+        "Summarize page-fault handling latency (from the exception to the end of "
+        "handle_mm_fault) as histograms per minor/major fault; faults that fail "
+        "(SIGSEGV, SIGBUS, EFAULT) are counted as failed. 'validate' as first argument runs the "
         "on/off experiment with a built-in page-touch workload."
     )
     examples = EXAMPLES

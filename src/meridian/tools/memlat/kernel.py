@@ -1,7 +1,15 @@
-"""memlat's kernel session: handle_mm_fault timed per thread (fentry/fexit or
-kprobes), or the page-fault tracepoints as entry and the page-faults-min/maj perf
-events as exit; the faults the kernel does not count as such (matched, started) are
-derived from what it does count."""
+"""memlat's kernel session: each page-fault exception timed per thread, from its
+tracepoint (exceptions:page_fault_user/kernel) to its end, seen at the return of
+handle_mm_fault (fexit, or a kretprobe) or as the page-faults-min/maj perf event.
+
+One semantics under every strategy (bpf/memlat.bpf.c says it in full): a fault
+finishes when the kernel accounts it as minor or major (mm_account_fault, as getrusage
+and the perf events count); every other end is `failed` (SIGSEGV, SIGBUS, EFAULT
+through the fixup), counted once: at the error return where the strategy sees it, else
+at the thread's next fault or exit. get_user_pages() faults (no exception) are not
+counted. The faults the kernel does not count as such (matched, started) are derived
+from what it does count.
+"""
 
 from __future__ import annotations
 
@@ -19,21 +27,15 @@ __all__ = ["PERF_PROGRAMS", "STRATEGIES", "Memlat"]
 
 PERF_PROGRAMS = ("perf_fault_min", "perf_fault_maj")
 
+ENTRIES_BTF = ("btf_fault_user", "btf_fault_kernel", "btf_thread_exit")
+ENTRIES_TP = ("tp_fault_user", "tp_fault_kernel", "tp_thread_exit")
+
+# Every strategy starts a fault at the exception tracepoint; they differ in the end.
 STRATEGIES = (
-    Strategy("fentry", ("fentry_fault", "fexit_fault", "btf_thread_exit"), ("fentry", "tp_btf")),
-    Strategy(
-        "kprobe", ("kprobe_fault", "kretprobe_fault", "tp_thread_exit"), ("kprobe", "tracepoint")
-    ),
-    Strategy(
-        "tp_btf+perf",
-        ("btf_fault_user", "btf_fault_kernel", "btf_thread_exit", *PERF_PROGRAMS),
-        ("tp_btf", "perf_event"),
-    ),
-    Strategy(
-        "tracepoint+perf",
-        ("tp_fault_user", "tp_fault_kernel", "tp_thread_exit", *PERF_PROGRAMS),
-        ("tracepoint", "perf_event"),
-    ),
+    Strategy("fentry", (*ENTRIES_BTF, "fexit_fault"), ("fentry", "tp_btf")),
+    Strategy("kprobe", (*ENTRIES_TP, "kprobe_fault", "kretprobe_fault"), ("kprobe", "tracepoint")),
+    Strategy("tp_btf+perf", (*ENTRIES_BTF, *PERF_PROGRAMS), ("tp_btf", "perf_event")),
+    Strategy("tracepoint+perf", (*ENTRIES_TP, *PERF_PROGRAMS), ("tracepoint", "perf_event")),
 )
 
 
@@ -68,11 +70,11 @@ class Memlat(LatencySession[Options, Key]):
         cells = self.cells()
         counters = self.counters()
         # The kernel counts neither: every matched fault is in a slot or in
-        # hists_full, the open ones hold a start time, the rest ended as a loss.
+        # hists_full, the open ones hold a start time, the rest failed or were evicted.
         counters["matched"] = sum(c.count for c in cells.values()) + counters["hists_full"]
         _, starts = self.obj.maps["starts"].items()
         inflight = int((starts["ts_ns"] != 0).sum()) if len(starts) else 0
-        ended = ("matched", "stale", "failed", "exited", "evicted")
+        ended = ("matched", "failed", "evicted")
         counters["started"] = inflight + sum(counters[k] for k in ended)
         return Snapshot(time.monotonic(), cells, counters, inflight, 0.0, self.opts.unit_ns)
 

@@ -16,7 +16,7 @@ def series(snap: Snapshot, opts: Options) -> list[Family]:
     faults = Family("system.paging.faults", "counter", "{fault}", "Page faults handled")
     dur = duration_family(
         "system.paging.fault.duration",
-        "Page-fault handling latency (handle_mm_fault entry to exit)",
+        "Page-fault handling latency (exception to the end of handle_mm_fault)",
     )
     tail = Family(
         "meridian.memlat.tail",

@@ -13,7 +13,7 @@ from ...latency import Cell, LatencyOptions
 __all__ = ["KINDS", "LOST", "Cell", "Key", "Options", "Snapshot", "Summary"]
 
 KINDS = ("minor", "major")  # enum memlat_kind
-LOST = ("stale", "unmatched", "failed", "exited", "evicted", "hists_full")
+LOST = ("failed", "unmatched", "evicted", "hists_full")  # struct memlat_counters
 
 Key = tuple[int, int, str]  # pid (0 unless -P), kind, comm
 
