@@ -15,6 +15,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -111,16 +112,24 @@ def boot(image: Path, tests: list[str], scratch: Path) -> Result:
     result = Result(kernel)
     # The guest's console is relayed through a pipe: QEMU opens a file it is given as
     # its output anew and truncates it, losing what came before.
+    # A session of its own: vng, virtme-run and QEMU end together (timeout, Ctrl-C).
     proc = subprocess.Popen(
         argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, errors="replace",
+        stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
     )  # fmt: skip
-    timer = threading.Timer(GUEST_TIMEOUT_S, proc.kill)
+
+    def end_guest() -> None:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+    timer = threading.Timer(GUEST_TIMEOUT_S, end_guest)
     timer.start()
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             print(f"   {line.rstrip()}", flush=True)
+    except BaseException:  # Ctrl-C: no QEMU left behind
+        end_guest()
+        raise
     finally:
         timer.cancel()
         proc.stdout.close()  # type: ignore[union-attr]
