@@ -64,7 +64,8 @@ def test_dd_reads_of_one_file_under_every_strategy(tmp_path: Path, strategy: str
             assert p.wait(60) == 0
             events = drain(tool, p.pid, 10_000, timeout=3.0)  # all of them (ld.so's too)
             stats = summarize(*tool.stats())
-            lost = {k: v for k, v in tool.counters().items() if v}
+            # wb_unattributed: the host's own writeback by kernel threads, not a loss
+            lost = {k: v for k, v in tool.counters().items() if v and k != "wb_unattributed"}
     finally:
         reap(p)
     on_file = events[events["ino"] == data.stat().st_ino]
