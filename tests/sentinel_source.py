@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from meridian.tools.sentinel.events import LOGICAL
-from meridian.tools.sentinel.kernel import KernelSource
+from meridian.tools.sentinel.sources.kernel import KernelSource
+from meridian.tools.sentinel.sources.pmu_events import LOGICAL
 
 CLOCK = [LOGICAL["cpu-clock"]]
 

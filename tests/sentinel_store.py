@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from meridian.tools.sentinel.aggregator import ROLLUP_DTYPE
+from meridian.tools.sentinel.model.rollup import ROLLUP_DTYPE
 from meridian.tools.sentinel.storage import BatchingSink, ChdbBackend, HttpBackend, Reporter
 
 SAMPLE_DTYPE = np.dtype(

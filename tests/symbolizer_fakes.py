@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from meridian.tools.sentinel.symbolizer import Symbolizer
+    from meridian.tools.sentinel.symbols.symbolizer import Symbolizer
 
 PROG = r"""
 #include <stdio.h>
@@ -126,7 +126,7 @@ class FakeProc:
 def symbolizer(fake: FakeProc, clock: Clock, tmp_path: Path, **bounds: int) -> Symbolizer:
     """A symbolizer on the fake tree, with `max_*` bounds and `grace_s` as given."""
     # imported here, not on top: conftest.py imports this module for every test
-    from meridian.tools.sentinel.symbolizer import Symbolizer
+    from meridian.tools.sentinel.symbols.symbolizer import Symbolizer
 
     kallsyms = tmp_path / "kallsyms"
     if not kallsyms.exists():

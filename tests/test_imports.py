@@ -119,3 +119,55 @@ def test_tools_import_no_other_tool() -> None:
             if len(dparts) >= 3 and dparts[1] == "tools" and dparts[2] != parts[2]:
                 offenders.append(f"{name} imports {dep}")
     assert sorted(offenders) == []
+
+
+SENTINEL = "meridian.tools.sentinel"
+# Sentinel's layers: a sub-package may import only these of sentinel's others (the
+# agent, the CLI and the API build on everything; storage and detectors are plug-ins).
+LAYERS = {
+    "model": set(),
+    "symbols": {"model"},
+    "sources": {"model"},
+    "config": {"model", "sources"},  # the events key is parsed by the PMU event specs
+    "pipeline": {"model", "symbols", "config"},
+    "detectors": {"model"},
+    "storage": {"model"},
+    "query": {"model", "storage", "sources", "pipeline", "config"},
+    "outputs": {"model", "config", "pipeline"},
+}
+
+
+def layer_of(module: str) -> str | None:
+    """The sub-package of a sentinel module (None: not sentinel's, or its `cli`)."""
+    if not module.startswith(SENTINEL + "."):
+        return None
+    first = module.removeprefix(SENTINEL + ".").split(".")[0]
+    return None if first == "cli" else first
+
+
+def test_sentinel_layers_import_only_what_lies_below() -> None:
+    """model/ imports nothing of sentinel; pipeline/ never imports outputs or the API;
+    query/ never the outputs or the config: the architecture is in the imports."""
+    offenders = sorted(
+        f"{name} imports {dep}"
+        for name, deps in graph().items()
+        if (layer := layer_of(name)) in LAYERS
+        for dep in deps
+        if (other := layer_of(dep)) is not None and other != layer and other not in LAYERS[layer]
+    )
+    assert offenders == []
+    config_internals = sorted(
+        f"{name} imports {dep}"
+        for name, deps in graph().items()
+        if layer_of(name) == "query"
+        for dep in deps
+        if layer_of(dep) == "config" and dep != f"{SENTINEL}.config"
+    )
+    assert config_internals == [], "query/ takes the config's public names only"
+
+
+def test_every_sentinel_module_is_in_a_layer() -> None:
+    """Only the package's entry (`__init__`, `cli`) sits at its top."""
+    top = sorted(n for n in graph() if n.startswith(SENTINEL) and layer_of(n) is None)
+    assert top == [SENTINEL, f"{SENTINEL}.cli"]
+    assert set(LAYERS) | {"agent", "api"} >= {layer_of(n) for n in graph() if layer_of(n)}

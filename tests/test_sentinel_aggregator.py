@@ -10,10 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from meridian.tools.sentinel.aggregator import ROLLUP_DTYPE, UNRESOLVED, Aggregator, Rollup
-from meridian.tools.sentinel.interference import InterferenceClass, classify
-from meridian.tools.sentinel.mock import make_samples
-from meridian.tools.sentinel.records import Event
+from meridian.tools.sentinel.model.interference import InterferenceClass, classify
+from meridian.tools.sentinel.model.records import Event
+from meridian.tools.sentinel.model.rollup import ROLLUP_DTYPE, UNRESOLVED, Rollup
+from meridian.tools.sentinel.pipeline.aggregator import Aggregator
+from meridian.tools.sentinel.sources.mock import make_samples
 
 SEC = 1_000_000_000
 
@@ -157,7 +158,7 @@ def test_classify() -> None:
 
 def test_hash_collisions_fall_back_to_exact_grouping(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every row hashing alike (a zero multiplier) still groups exactly."""
-    from meridian.tools.sentinel import aggregator
+    from meridian.tools.sentinel.pipeline import aggregator
 
     monkeypatch.setattr(aggregator, "_MIX", np.uint64(0))
     test_samples_and_norm_cost_exact()

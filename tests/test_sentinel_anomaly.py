@@ -9,14 +9,14 @@ import pytest
 from test_sentinel_modes import Clock
 
 from meridian.errors import UsageError
-from meridian.tools.sentinel.anomaly import (
+from meridian.tools.sentinel.config.load import SentinelConfig
+from meridian.tools.sentinel.pipeline.anomaly import (
     AnomalyGauges,
     AnomalyMonitor,
     AnomalySignal,
     Ewma,
     read_net_dev,
 )
-from meridian.tools.sentinel.config import SentinelConfig
 
 SEC = 1_000_000_000
 HEADER = (

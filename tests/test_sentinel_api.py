@@ -22,9 +22,9 @@ from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from test_sentinel_e2e import free_port, mock_config, scrape, wait_for
 
-from meridian.tools.sentinel.mock import PIDS, MockSource
-from meridian.tools.sentinel.records import Event
-from meridian.tools.sentinel.runtime import Runtime
+from meridian.tools.sentinel.agent.run import Runtime
+from meridian.tools.sentinel.model.records import Event
+from meridian.tools.sentinel.sources.mock import PIDS, MockSource
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

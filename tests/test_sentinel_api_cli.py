@@ -17,7 +17,7 @@ from test_cli import one_line_exit_2
 from test_sentinel_api import PREFIX, call, ok
 from test_sentinel_e2e import free_port, mock_config, wait_for
 
-from meridian.tools.sentinel.runtime import Runtime
+from meridian.tools.sentinel.agent.run import Runtime
 
 
 def sentinel(*args: str, code: str = "") -> subprocess.CompletedProcess[str]:
@@ -81,7 +81,7 @@ def test_cli_serves_and_sigterm_ends_it_promptly() -> None:
 
 @pytest.mark.kernel
 def test_kernel_maps_follow_the_api() -> None:
-    from meridian.tools.sentinel.runtime import make_source
+    from meridian.tools.sentinel.agent.run import make_source
 
     cfg = mock_config()
     cfg.mock.enabled = False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from meridian.tools.sentinel.clock import ClockCalibrator, read_pair_now
+from meridian.tools.sentinel.pipeline.clock import ClockCalibrator, read_pair_now
 
 WALL0 = 1_763_900_000_000_000_000  # 2025-11, ns since the epoch
 # cpu -> (slope, offset): wall = slope * kernel + offset

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from meridian.errors import ExtraMissing, UsageError
-from meridian.tools.sentinel.config import (
+from meridian.tools.sentinel.config.load import (
     SentinelConfig,
     dump_config,
     load_config,

@@ -220,7 +220,7 @@ def test_verbose_names_the_strategy_and_source(procs: list[subprocess.Popen[str]
 
 
 def mock_config(**flush: float) -> Any:
-    from meridian.tools.sentinel.config import SentinelConfig
+    from meridian.tools.sentinel.config.load import SentinelConfig
 
     cfg = SentinelConfig()
     cfg.metrics.enabled = False
@@ -265,8 +265,8 @@ def wait_for(cond: Any, timeout: float = 10) -> None:
 
 
 def test_runtime_observers_control_and_stop() -> None:
-    from meridian.tools.sentinel.mock import PIDS, MockSource
-    from meridian.tools.sentinel.runtime import Runtime
+    from meridian.tools.sentinel.agent.run import Runtime
+    from meridian.tools.sentinel.sources.mock import PIDS, MockSource
 
     src = MockSource(period_ms=10, rng_seed=3, rate=2000)
     rec = Recorder()
@@ -312,7 +312,7 @@ def test_runtime_observers_control_and_stop() -> None:
 
 def test_runtime_start_failure_closes_what_it_opened() -> None:
     from meridian.errors import UsageError
-    from meridian.tools.sentinel.runtime import Runtime
+    from meridian.tools.sentinel.agent.run import Runtime
 
     cfg = mock_config()
     cfg.metrics.enabled = True
@@ -405,8 +405,8 @@ def test_a_group_the_source_refuses_keeps_the_running_events() -> None:
     """A group the source cannot open while running (a raw code a real PMU refuses) is
     said once; the agent goes on sampling what it sampled."""
     from meridian.errors import BpfError
-    from meridian.tools.sentinel.mock import MockSource
-    from meridian.tools.sentinel.runtime import Runtime
+    from meridian.tools.sentinel.agent.run import Runtime
+    from meridian.tools.sentinel.sources.mock import MockSource
 
     class Refusing(MockSource):
         def set_events(self, events: Any) -> float:

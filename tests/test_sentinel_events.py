@@ -9,8 +9,8 @@ import pytest
 
 from meridian.bpf import perf as P
 from meridian.errors import UsageError
-from meridian.tools.sentinel.events import LOGICAL, EventSpec, parse_event, parse_events
-from meridian.tools.sentinel.records import Event
+from meridian.tools.sentinel.model.records import Event
+from meridian.tools.sentinel.sources.pmu_events import LOGICAL, EventSpec, parse_event, parse_events
 
 # (name, offset, struct format) of struct perf_event_attr, PERF_ATTR_SIZE_VER7
 LAYOUT = [

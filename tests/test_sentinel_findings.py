@@ -10,12 +10,12 @@ import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from meridian.tools.sentinel.config import SentinelConfig
+from meridian.tools.sentinel.agent.findings import Findings
+from meridian.tools.sentinel.agent.run import Runtime
+from meridian.tools.sentinel.config.load import SentinelConfig
 from meridian.tools.sentinel.detectors import DetectorContext
-from meridian.tools.sentinel.findings import Findings
-from meridian.tools.sentinel.mock import MockSource
-from meridian.tools.sentinel.records import Event
-from meridian.tools.sentinel.runtime import Runtime
+from meridian.tools.sentinel.model.records import Event
+from meridian.tools.sentinel.sources.mock import MockSource
 
 
 class Seen:

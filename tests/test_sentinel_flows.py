@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from children import build_c
 
-from meridian.tools.sentinel.flows import FlowKey, FlowNames, fnv1a64
+from meridian.tools.sentinel.model.flows import FlowKey, FlowNames, fnv1a64
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,8 +19,8 @@ from netns import netns_pair
 from sentinel_source import CLOCK, drain
 from strategies import every, run_or_skip
 
-from meridian.tools.sentinel.kernel import STRATEGIES, KernelSource
-from meridian.tools.sentinel.records import Event
+from meridian.tools.sentinel.model.records import Event
+from meridian.tools.sentinel.sources.kernel import STRATEGIES, KernelSource
 
 pytestmark = pytest.mark.kernel
 
@@ -109,8 +109,8 @@ def test_xdp_on_a_veth_inside_a_namespace() -> None:
     # namespace a (a child process) with --xdp on its veth, traffic from b.
     script = (
         "import json, sys, time\n"
-        "from meridian.tools.sentinel.kernel import KernelSource\n"
-        "from meridian.tools.sentinel.events import LOGICAL\n"
+        "from meridian.tools.sentinel.sources.kernel import KernelSource\n"
+        "from meridian.tools.sentinel.sources.pmu_events import LOGICAL\n"
         "with KernelSource([LOGICAL['cpu-clock']], frequency=99, xdp=[sys.argv[1]]) as src:\n"
         "    print(json.dumps(src.hooks), flush=True)\n"
         "    sys.stdin.readline()\n"
@@ -194,7 +194,7 @@ def test_xdp_parser_on_crafted_frames() -> None:
     """The packet parser through BPF_PROG_TEST_RUN: VLAN and QinQ tags, IPv4 options,
     IPv6, fragments and non-IP frames, and what one packet costs."""
     from meridian.bpf import BpfObject, object_path
-    from meridian.tools.sentinel.flows import FlowKey
+    from meridian.tools.sentinel.model.flows import FlowKey
 
     ports = struct.pack("!HH", 40001, 80) + bytes(16)
     cases = [

@@ -21,9 +21,9 @@ from sentinel_source import CLOCK, drain
 
 from meridian.bpf import probe
 from meridian.bpf.perf import online_cpus
-from meridian.tools.sentinel.events import parse_events
-from meridian.tools.sentinel.kernel import STRATEGIES, KernelSource
-from meridian.tools.sentinel.records import Event
+from meridian.tools.sentinel.model.records import Event
+from meridian.tools.sentinel.sources.kernel import STRATEGIES, KernelSource
+from meridian.tools.sentinel.sources.pmu_events import parse_events
 
 pytestmark = pytest.mark.kernel
 

@@ -7,12 +7,12 @@ import pytest
 from sentinel_source import CLOCK
 
 from meridian.bpf import Probe
-from meridian.tools.sentinel.kernel import KernelSource
+from meridian.tools.sentinel.sources.kernel import KernelSource
 
 
 def _fake_kernel(monkeypatch: pytest.MonkeyPatch, refused: set[str], no_hooks: set[str]) -> None:
     from meridian.bpf import features
-    from meridian.tools.sentinel import kernel
+    from meridian.tools.sentinel.sources import kernel
 
     def fake_probe(feature: str) -> Probe:
         return Probe(feature, feature not in refused, "refused" if feature in refused else "ok")
@@ -32,7 +32,7 @@ def _fake_kernel(monkeypatch: pytest.MonkeyPatch, refused: set[str], no_hooks: s
 def test_strategy_choice(
     monkeypatch: pytest.MonkeyPatch, refused: set[str], no_hooks: set[str], chosen: str
 ) -> None:
-    from meridian.tools.sentinel.kernel import _pick
+    from meridian.tools.sentinel.sources.kernel import _pick
 
     _fake_kernel(monkeypatch, refused, no_hooks)
     assert _pick(None).name == chosen
@@ -40,7 +40,7 @@ def test_strategy_choice(
 
 def test_strategy_forced_and_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     from meridian.errors import NotSupported, UsageError
-    from meridian.tools.sentinel.kernel import _pick
+    from meridian.tools.sentinel.sources.kernel import _pick
 
     _fake_kernel(monkeypatch, {"fentry"}, set())
     assert _pick("tp_btf").name == "tp_btf"
@@ -77,7 +77,7 @@ def test_strategy_chosen_on_this_kernel_is_the_one_the_host_facts_predict() -> N
     from host_facts import expected_strategy, features
 
     from meridian.errors import NotSupported
-    from meridian.tools.sentinel.kernel import NET_PROGRAMS, STRATEGIES, _pick
+    from meridian.tools.sentinel.sources.kernel import NET_PROGRAMS, STRATEGIES, _pick
 
     expected = expected_strategy(STRATEGIES, NET_PROGRAMS)
     assert _pick(None).name == expected

@@ -14,17 +14,17 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics import exposition, parser
 
 from meridian.errors import UsageError
-from meridian.tools.sentinel.aggregator import Rollup
-from meridian.tools.sentinel.anomaly import AnomalyGauges
-from meridian.tools.sentinel.config import SentinelConfig
-from meridian.tools.sentinel.flows import FlowKey, FlowNames
-from meridian.tools.sentinel.metrics import (
+from meridian.tools.sentinel.config.load import SentinelConfig
+from meridian.tools.sentinel.model.flows import FlowKey, FlowNames
+from meridian.tools.sentinel.model.rollup import Rollup
+from meridian.tools.sentinel.outputs.metrics import (
     FlowRow,
     MetricsSnapshot,
     SentinelMetrics,
     flow_rows,
     serve,
 )
+from meridian.tools.sentinel.pipeline.anomaly import AnomalyGauges
 
 FLOW_A = 0x1234_5678_9ABC_DEF0
 FLOW_B = 0x0000_0000_0000_00FF

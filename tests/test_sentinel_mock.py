@@ -8,10 +8,15 @@ from typing import Any
 
 import numpy as np
 
-from meridian.tools.sentinel.events import parse_events
-from meridian.tools.sentinel.flows import FlowKey
-from meridian.tools.sentinel.mock import DEFAULT_FLOWS, SHARED_LINES, MockSource, make_samples
-from meridian.tools.sentinel.records import Event, SampleSource, sample_dtype
+from meridian.tools.sentinel.model.flows import FlowKey
+from meridian.tools.sentinel.model.records import Event, SampleSource, sample_dtype
+from meridian.tools.sentinel.sources.mock import (
+    DEFAULT_FLOWS,
+    SHARED_LINES,
+    MockSource,
+    make_samples,
+)
+from meridian.tools.sentinel.sources.pmu_events import parse_events
 
 MS = 1_000_000
 
@@ -214,7 +219,7 @@ def test_scripted_streams() -> None:
 def test_late_packets_for_the_skew_adjuster() -> None:
     """About half of the flow-0 samples have their packet just after them: the skew
     adjuster completes those, the rest stay flow 0."""
-    from meridian.tools.sentinel.skew import SkewAdjuster
+    from meridian.tools.sentinel.pipeline.skew import SkewAdjuster
 
     t = FakeTime()
     src = source(t, rate=10_000)

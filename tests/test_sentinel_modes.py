@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import pytest
 
 from meridian.errors import UsageError
-from meridian.tools.sentinel.config import SentinelConfig
-from meridian.tools.sentinel.modes import (
+from meridian.tools.sentinel.config.load import SentinelConfig
+from meridian.tools.sentinel.pipeline.modes import (
     Mode,
     ModeController,
     SafetyGovernor,

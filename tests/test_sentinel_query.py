@@ -25,16 +25,16 @@ import pytest
 from clickhouse_server import PASSWORD, ClickHouseServer, free_port, running_server
 
 from meridian.errors import UsageError
-from meridian.tools.sentinel.aggregator import ROLLUP_DTYPE, UNRESOLVED
-from meridian.tools.sentinel.flamegraph import CHAR_WIDTH, PAD, ROW, colour, render
-from meridian.tools.sentinel.flows import FlowKey
-from meridian.tools.sentinel.query import flow_detail, parse_since, top_flows
-from meridian.tools.sentinel.query_cli import add_query_parser, run_query
-from meridian.tools.sentinel.resolver import UNRESOLVED_LABEL
+from meridian.tools.sentinel.model.flows import FlowKey
+from meridian.tools.sentinel.model.rollup import ROLLUP_DTYPE, UNRESOLVED
+from meridian.tools.sentinel.pipeline.resolver import UNRESOLVED_LABEL
+from meridian.tools.sentinel.query.cli import add_query_parser, run_query
+from meridian.tools.sentinel.query.flamegraph import CHAR_WIDTH, PAD, ROW, colour, render
+from meridian.tools.sentinel.query.store import flow_detail, parse_since, top_flows
 from meridian.tools.sentinel.storage import Backend, BatchingSink, ChdbBackend, HttpBackend
 from meridian.tools.sentinel.storage.chdb_backend import LOCK_NAME
 from meridian.tools.sentinel.storage.lockfile import take
-from meridian.tools.sentinel.symbolizer import Frame
+from meridian.tools.sentinel.symbols.symbolizer import Frame
 
 A = FlowKey("10.0.0.1", "10.0.0.2", 5201, 43012, "tcp")
 B = FlowKey("fd00::1", "fd00::2", 443, 50000, "udp")

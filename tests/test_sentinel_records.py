@@ -11,8 +11,8 @@ import pytest
 from bpfbuild import compile_bpf
 
 from meridian.bpf import BpfObject, object_path
-from meridian.tools.sentinel import records
-from meridian.tools.sentinel.records import EVENT_NAMES, Event, FlowSource
+from meridian.tools.sentinel.model import records
+from meridian.tools.sentinel.model.records import EVENT_NAMES, Event, FlowSource
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
@@ -93,8 +93,8 @@ def test_decode_a_batch_without_a_python_call_per_record() -> None:
 
 def test_take_concat_copy_as_numpy() -> None:
     """take/concat/copy_records move whole records: the same bytes as numpy's own."""
-    from meridian.tools.sentinel.mock import make_samples
-    from meridian.tools.sentinel.records import concat, copy_records, take
+    from meridian.tools.sentinel.model.records import concat, copy_records, take
+    from meridian.tools.sentinel.sources.mock import make_samples
 
     a = make_samples(10, cpu=np.arange(10), time_ns=np.arange(10) * 7, pid=3)
     mask = a["cpu"] % 3 == 0

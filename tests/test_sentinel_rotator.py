@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_sentinel_modes import Clock
 
-from meridian.tools.sentinel.rotator import PmuRotator
+from meridian.tools.sentinel.pipeline.rotator import PmuRotator
 
 
 def test_groups_turn_every_window() -> None:

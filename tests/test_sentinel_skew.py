@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from meridian.tools.sentinel.mock import make_samples
-from meridian.tools.sentinel.records import FlowSource
-from meridian.tools.sentinel.skew import CONTEXT_DTYPE, SkewAdjuster
+from meridian.tools.sentinel.model.records import CONTEXT_DTYPE, FlowSource
+from meridian.tools.sentinel.pipeline.skew import SkewAdjuster
+from meridian.tools.sentinel.sources.mock import make_samples
 
 W = 200_000  # window, ns
 T0 = 10_000_000_000
@@ -120,7 +120,7 @@ def test_bounded() -> None:
 def test_times_far_apart_use_the_search_per_cpu() -> None:
     """Packed (cpu, time) keys need the times within 2**40 ns: else one search per CPU,
     with the same answers."""
-    from meridian.tools.sentinel.skew import _first_at_or_after
+    from meridian.tools.sentinel.pipeline.skew import _first_at_or_after
 
     rng = np.random.default_rng(5)
     for spread in (1 << 20, 1 << 45):

@@ -24,7 +24,7 @@ from meridian.tools.sentinel.storage import (
     holder_pid,
     open_backend,
 )
-from meridian.tools.sentinel.symbolizer import Frame
+from meridian.tools.sentinel.symbols.symbolizer import Frame
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from meridian.tools.sentinel.storage import (
     Reporter,
     StoreUnavailable,
 )
-from meridian.tools.sentinel.symbolizer import DataObject, Frame
+from meridian.tools.sentinel.symbols.symbolizer import DataObject, Frame
 
 
 @pytest.fixture(scope="module")

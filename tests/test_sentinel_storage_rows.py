@@ -8,10 +8,10 @@ import json
 import numpy as np
 from sentinel_store import SAMPLE_DTYPE, rollups
 
-from meridian.tools.sentinel.aggregator import ROLLUP_DTYPE, Rollup
+from meridian.tools.sentinel.model.rollup import ROLLUP_DTYPE, Rollup
 from meridian.tools.sentinel.storage import TABLES, statements
 from meridian.tools.sentinel.storage.rows import DAY_NS, raw_lines, rollup_lines, stack_lines
-from meridian.tools.sentinel.symbolizer import Frame
+from meridian.tools.sentinel.symbols.symbolizer import Frame
 
 LBR_DTYPE = np.dtype(
     [

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from meridian.tools.sentinel.aggregator import UNRESOLVED
+from meridian.tools.sentinel.model.rollup import UNRESOLVED
 from meridian.tools.sentinel.storage import ChdbBackend
 
 pytest.importorskip("chdb", reason="chDB is not installed (pip install chdb)")

@@ -15,8 +15,8 @@ import pytest
 from symbolizer_fakes import PROG, Binary
 
 from meridian.errors import ExtraMissing
-from meridian.tools.sentinel.elf import ElfSymbols
-from meridian.tools.sentinel.symbolizer import Frame, Symbolizer
+from meridian.tools.sentinel.symbols.elf import ElfSymbols
+from meridian.tools.sentinel.symbols.symbolizer import Frame, Symbolizer
 
 
 @pytest.mark.parametrize("name", ["pie", "nopie", "lib.so"])

@@ -10,7 +10,7 @@ from typing import Any
 
 from symbolizer_fakes import PID, Binary, Clock, FakeProc, maps_lines, symbolizer
 
-from meridian.tools.sentinel.symbolizer import DataObject
+from meridian.tools.sentinel.symbols.symbolizer import DataObject
 
 
 def test_function_and_stack_ids(
@@ -122,9 +122,9 @@ def test_non_addresses_need_no_reads(
 def test_resolver_labels_what_it_did_not_resolve() -> None:
     """The runtime's resolver: a stack whose frames are gone from the source is
     GONE_STACK, an address over the cheap mode UNRESOLVED; both named by a label."""
-    from meridian.tools.sentinel.aggregator import UNRESOLVED
-    from meridian.tools.sentinel.flows import FlowNames
-    from meridian.tools.sentinel.resolver import GONE_STACK, RuntimeNames, SymbolResolver
+    from meridian.tools.sentinel.model.flows import FlowNames
+    from meridian.tools.sentinel.model.rollup import UNRESOLVED
+    from meridian.tools.sentinel.pipeline.resolver import GONE_STACK, RuntimeNames, SymbolResolver
 
     class Cheap:
         def function_id(self, pid: int, ip: int) -> int:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from symbolizer_fakes import PID, Binary, Clock, FakeProc, symbolizer
 
-from meridian.tools.sentinel.perfmap import JitRegions, PerfMapFile, parse_perf_map
-from meridian.tools.sentinel.symbolizer import Frame
+from meridian.tools.sentinel.symbols.perfmap import JitRegions, PerfMapFile, parse_perf_map
+from meridian.tools.sentinel.symbols.symbolizer import Frame
 
 
 def test_perf_map_parse_and_overlap() -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from symbolizer_fakes import Clock, FakeProc, symbolizer
 
-from meridian.tools.sentinel.kallsyms import KernelSymbols
-from meridian.tools.sentinel.symbolizer import Frame, Symbolizer
+from meridian.tools.sentinel.symbols.kallsyms import KernelSymbols
+from meridian.tools.sentinel.symbols.symbolizer import Frame, Symbolizer
 
 KALLSYMS = """\
 ffffffff81000000 T _text

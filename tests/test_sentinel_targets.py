@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from meridian.errors import UsageError
-from meridian.tools.sentinel.mock import make_samples
-from meridian.tools.sentinel.targets import TargetFilter
+from meridian.tools.sentinel.pipeline.targets import TargetFilter
+from meridian.tools.sentinel.sources.mock import make_samples
 
 N = 12
 S = make_samples(

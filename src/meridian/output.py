@@ -49,17 +49,33 @@ def fmt_bytes(n: float) -> str:
     return str(n)
 
 
-def print_table(header: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -> None:
-    """Left-aligned first column, right-aligned numbers, like bcc's tables."""
+def fmt_scaled(x: float) -> str:
+    """1234567 -> 1.23M, 12345 -> 12.3K, 12.3 -> 12.3."""
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if x >= 1e4:
+        return f"{x / 1e3:.1f}K"
+    return f"{x:.1f}"
+
+
+def print_table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    out: TextIO,
+    numeric: Sequence[int] | None = None,
+) -> None:
+    """Columns in `numeric` right-aligned (default: all but the first), the others
+    left-aligned, like bcc's tables."""
+    right = range(1, len(header)) if numeric is None else numeric
     widths = [
         max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
     ]
 
     def line(cells: Sequence[str]) -> str:
-        parts = [cells[0].ljust(widths[0])] + [
-            c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)
-        ]
-        return "  ".join(parts).rstrip()
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
 
     print(line(header), file=out)
     for r in rows:

@@ -15,6 +15,6 @@ and flamegraph (`meridian sentinel query`).
 from __future__ import annotations
 
 from .cli import add_parser, run
-from .kernel import STRATEGIES
+from .sources.kernel import STRATEGIES
 
 __all__ = ["STRATEGIES", "add_parser", "run"]

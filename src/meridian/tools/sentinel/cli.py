@@ -103,7 +103,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default=None,
         help="name the strategy, the event source, mode changes (libbpf detail too)",
     )
-    from .query_cli import add_query_parser
+    from .query.cli import add_query_parser
 
     add_query_parser(p.add_subparsers(dest="command", metavar="COMMAND"))
     return p
@@ -121,7 +121,7 @@ def _repeated(p: argparse.ArgumentParser, flag: str, metavar: str, help: str, *m
 
 def config_from_args(args: argparse.Namespace) -> Any:
     """The configuration: file (or defaults) with the typed flags laid over it."""
-    from .config import load_config, merge_args
+    from .config.load import load_config, merge_args
 
     return merge_args(load_config(args.config), args)
 
@@ -154,13 +154,13 @@ def check_host(cfg: Any, proc_root: str = "/proc") -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .config import dump_config
+    from .config.load import dump_config
 
     cfg = config_from_args(args)
     if args.print_config:
         sys.stdout.write(dump_config(cfg))
         return 0
     check_host(cfg)
-    from .runtime import run_cli
+    from .agent.run import run_cli
 
     return run_cli(cfg, sys.stdout, sys.stderr)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from ..dataobjects import DataObject
+    from ..model.dataobjects import DataObject
     from .window import Array
 
 __all__ = [

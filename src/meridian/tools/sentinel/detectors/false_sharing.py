@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..records import Event
+from ..model.records import Event
 from .base import DataObjectLookup, Detector, DetectorContext, Emit, register
 from .window import Array, WindowCounts
 

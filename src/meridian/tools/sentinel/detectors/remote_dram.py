@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..records import Event
+from ..model.records import Event
 from .base import Detector, Emit, register
 from .window import Array, WindowCounts
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..records import take
+from ..model.records import take
 
 __all__ = ["Array", "Closed", "WindowCounts"]
 

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:  # types only: storage needs neither module to run
-    from ..aggregator import Rollup
-    from ..symbolizer import DataObject, Frame
+    from ..model.dataobjects import DataObject
+    from ..model.frames import Frame
+    from ..model.rollup import Rollup
 
 __all__ = [
     "Chunk",

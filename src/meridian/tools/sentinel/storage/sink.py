@@ -36,8 +36,9 @@ from .sender import Batch, Sender, SinkStats
 from .spool import Spool
 
 if TYPE_CHECKING:  # types only
-    from ..aggregator import Rollup
-    from ..symbolizer import DataObject, Frame
+    from ..model.dataobjects import DataObject
+    from ..model.frames import Frame
+    from ..model.rollup import Rollup
 
 __all__ = ["BatchingSink", "Sink", "SinkStats"]
 

@@ -20,7 +20,7 @@ from ....export.series import Family, HistPoint, Point
 from .sink import Sink
 
 if TYPE_CHECKING:  # types only
-    from ..flows import FlowKey
+    from ..model.flows import FlowKey
 
 __all__ = ["StoreWriter"]
 

@@ -1,0 +1,212 @@
+"""`meridian sentinel` itself: the source it opens (the mock or the kernel's, with a
+ring sized for the rate), -v's description of it, the run with its views until
+--duration, Ctrl-C or SIGTERM, and the summary. The agent it runs is agent.Runtime
+(its threads: consumer, flush, control, in modules of their own); the names part 2
+imports are here too."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from ....bpf.perf import online_cpus
+from ....errors import MeridianError
+from ..config.load import SentinelConfig, parse_groups
+from ..detectors import DetectorContext
+from ..model.records import SampleSource
+from ..model.rollup import UNRESOLVED
+from ..model.window import Window
+from ..outputs.live import JsonView, LiveView, render_summary, summary_json
+from ..pipeline.resolver import GONE_STACK, RuntimeNames, SymbolResolver
+from .findings import Findings
+from .runtime import Runtime
+from .state import Observer, SampleBatch
+
+__all__ = [
+    "GONE_STACK",
+    "UNRESOLVED",
+    "Observer",
+    "Runtime",
+    "RuntimeNames",
+    "SampleBatch",
+    "SymbolResolver",
+    "Window",
+    "run_cli",
+]
+
+
+# ---- meridian sentinel -------------------------------------------------------------------
+
+
+def make_source(cfg: SentinelConfig, warn: Callable[[str], None]) -> SampleSource:
+    """The mock source (--perf-mock) or the kernel's, loaded and attached."""
+    if cfg.mock.enabled:
+        from ..sources.mock import MockSource
+
+        return MockSource(
+            period_ms=cfg.mock.period_ms, rng_seed=cfg.mock.rng_seed, rate=cfg.mock.rate
+        )
+    from ..sources.kernel import KernelSource
+
+    mode = cfg.mode.initial
+    first = parse_groups(cfg.groups(mode), f"perf.{mode}_groups")[0]
+    events = first[: cfg.perf.max_events_per_group]
+    src = KernelSource(
+        events,
+        ring_bytes=ring_bytes(cfg.perf.frequency * len(events) * len(online_cpus())),
+        frequency=cfg.perf.frequency,
+        samples_per_sec=cfg.budget(mode),
+        hard_drop_ns=cfg.perf.hard_drop_ns,
+        xdp=cfg.perf.xdp_interfaces,
+        pids=cfg.targets.pids,
+        warn=warn,
+    )
+    return src.open()
+
+
+RING_S = 3.0  # the sample ring holds this long of samples at the offered rate
+RECORD_BYTES = 128  # a sample and its ring header, rounded up
+RING_MIN, RING_MAX = 1 << 22, 1 << 26
+
+
+def ring_bytes(offered_per_sec: int) -> int:
+    """The sample ring's size for a rate (a power of two, 4-64 MiB): three seconds of
+    samples, so that a slow batch (a binary's symbols read for the first time, or a
+    consumer given a third of a core by a busy host) does not overflow it. At 100,000
+    samples/s with both CPUs of a 2-core host busy, one second lost ~0.3-3 %."""
+    want = max(RING_MIN, min(RING_MAX, int(offered_per_sec * RECORD_BYTES * RING_S)))
+    return 1 << (want - 1).bit_length()
+
+
+def describe(src: SampleSource) -> list[str]:
+    """-v: the strategy and the event source."""
+    strategy = getattr(src, "strategy", None)
+    hooks = getattr(src, "hooks", None)
+    if strategy is None:
+        lines = [f"strategy: {src.name} (synthetic samples, nothing loaded in the kernel)"]
+    else:
+        lines = [f"strategy: {strategy.name} ({', '.join(hooks or [])})"]
+    opened = getattr(src, "opened", None)
+    name = src.name
+    if opened is not None and "fallback" in name:
+        name = name.replace("(software fallback)", "(software: no PMU here)")
+    lines.append(f"events: {name}")
+    return lines
+
+
+@contextlib.contextmanager
+def _signals_held(ignore: bool = False) -> Iterator[list[int]]:
+    """Ctrl-C and SIGTERM held back: recorded in the list yielded (or ignored). While
+    the kernel object loads, a KeyboardInterrupt raised inside a libbpf print callback
+    would be swallowed by ctypes and the run would go on; while stopping, a second
+    Ctrl-C must not leave programs attached or the summary half-printed."""
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+
+    def hold(signum: int, frame: Any) -> None:
+        seen.append(signum)
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in saved:
+        signal.signal(s, signal.SIG_IGN if ignore else hold)
+    try:
+        yield seen
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+def run_cli(cfg: SentinelConfig, out: TextIO, err: TextIO) -> int:
+    """`meridian sentinel` after the flags: the runtime with its views until
+    --duration, Ctrl-C or SIGTERM; then the summary."""
+
+    def log(line: str) -> None:
+        print(f"meridian sentinel: {line}", file=err)
+        err.flush()
+
+    rt = Runtime(cfg, lambda: make_source(cfg, log), log=log)
+    findings = Findings(DetectorContext(objects=rt.symbolizer), rt.names.flow)
+    rt.add_observer(findings)
+    rt.metrics.add_source(findings.families)
+    if cfg.clickhouse.enabled:
+        _add_store(rt, cfg, err)
+    live: LiveView | None = None
+    if cfg.run.json:
+        rt.add_observer(JsonView(out, rt.names, cfg.metrics.top_flows))
+    elif out.isatty():
+        live = LiveView(out, rt.names)
+        rt.add_observer(live)
+    failed: BaseException | None = None
+    announced: Path | None = None
+    try:
+        with _signals_held() as held:
+            rt.start()
+        if held:
+            raise KeyboardInterrupt
+        if cfg.run.verbose and rt.source is not None:
+            for line in describe(rt.source):
+                log(line)
+        announced = _announce_api(rt, cfg)
+        if rt.server is not None and cfg.run.verbose:
+            log(f"metrics: http://{cfg.metrics.listen_address}:{rt.server.port}/metrics")
+        if live is not None:
+            live.start()
+        elif not cfg.run.json:
+            print(f"meridian sentinel: sampling ({rt.info.source})... Ctrl-C to end.", file=out)
+            out.flush()
+        rt.wait(cfg.run.duration)
+    except KeyboardInterrupt:
+        pass
+    except MeridianError as exc:
+        failed = exc
+    finally:
+        with _signals_held(ignore=True):
+            if announced is not None:
+                announced.unlink(missing_ok=True)
+            rt.stop()
+            if failed is None and rt.started_ns:
+                _summary(rt, cfg, out)
+    if failed is not None:
+        raise failed
+    rt.raise_error()
+    return 0
+
+
+def _announce_api(rt: Runtime, cfg: SentinelConfig) -> Path | None:
+    """With an API and an embedded store: the API's URL in the store, so that queries
+    (which cannot open the store while this agent holds it) ask this agent."""
+    store = getattr(rt.store_backend(), "path", None)
+    if rt.api is None or store is None:
+        return None
+    from ..storage.announce import announce
+
+    return announce(Path(store), cfg.control_plane.listen_address, rt.api.port)
+
+
+def _add_store(rt: Runtime, cfg: SentinelConfig, err: TextIO) -> None:
+    """The store as an observer, its counters in /metrics. The store is opened by the
+    sink's own thread: one that is down or broken is said once a minute, and the agent
+    samples on meanwhile, spooling up to the limit."""
+    from ..storage import Reporter, open_sink
+    from ..storage.writer import StoreWriter
+
+    sink = open_sink(cfg.clickhouse, reporter=Reporter(err))
+    writer = StoreWriter(sink, rt.symbolizer, rt.names.flow, cfg.clickhouse.raw_samples)
+    rt.add_observer(writer)
+    rt.metrics.add_source(writer.families)
+
+
+def _summary(rt: Runtime, cfg: SentinelConfig, out: TextIO) -> None:
+    if cfg.run.json:
+        from ....output import dumps
+
+        out.write(dumps(summary_json(rt.totals, rt.seconds, rt.info, rt.names)) + "\n")
+    else:
+        render_summary(rt.totals, rt.seconds, rt.info, rt.names, out)
+    out.flush()

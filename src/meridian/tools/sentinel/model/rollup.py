@@ -1,0 +1,75 @@
+"""A rollup: the sums of one aggregation key over a flush window, as numpy rows
+(`ROLLUP_DTYPE`, for bulk sinks) and as objects (for views, metrics and detectors)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+
+__all__ = ["KEY_DTYPE", "ROLLUP_DTYPE", "UNRESOLVED", "Rollup", "rollups"]
+
+Array = np.ndarray[Any, Any]
+
+# A function or call stack not symbolized (over the window's budget of new stacks, or
+# left to the symbols thread): its samples and cost are exact, its name a label.
+UNRESOLVED = (1 << 64) - 1
+
+# The key of a rollup, as stored between add() and flush().
+KEY_DTYPE = np.dtype(
+    [
+        ("flow_id", "<u8"),
+        ("function_id", "<u8"),
+        ("callstack_id", "<u8"),
+        ("data_object_id", "<u8"),
+        ("time_bucket", "<u8"),
+        ("numa_node", "<u4"),
+        ("event", "<u2"),
+        ("direction", "u1"),
+        ("interference_class", "u1"),
+    ]
+)
+ROLLUP_DTYPE = np.dtype(
+    [
+        *((n, KEY_DTYPE.fields[n][0]) for n in KEY_DTYPE.names or ()),  # type: ignore[index]
+        ("samples", "<u8"),
+        ("norm_cost", "<f8"),
+        ("pid", "<u4"),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Rollup:
+    flow_id: int
+    function_id: int
+    callstack_id: int
+    data_object_id: int
+    event: int
+    numa_node: int
+    direction: int
+    interference_class: int
+    time_bucket: int  # start of the bucket, ns (the clock of the samples' times)
+    samples: int
+    norm_cost: float
+    pid: int  # of the first sample, for display
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_ROLLUP_FIELDS = tuple(f.name for f in fields(Rollup))
+
+
+def rollups(rows: Array) -> list[Rollup]:
+    """ROLLUP_DTYPE rows as Rollups: a window has hundreds, so each is made by filling
+    its __dict__, not through the frozen dataclass's __init__ (a setattr per field)."""
+    cols = [rows[name].tolist() for name in _ROLLUP_FIELDS]
+    out: list[Rollup] = []
+    new = object.__new__
+    for vals in zip(*cols, strict=True):
+        r = new(Rollup)
+        r.__dict__.update(zip(_ROLLUP_FIELDS, vals, strict=True))
+        out.append(r)
+    return out

@@ -1,0 +1,166 @@
+"""One flush window as the runtime hands it to its observers (views, sinks,
+detectors) and the run's bounded totals: pure data over aggregator rollups, shared by
+the outputs, the agent and the query side, so none of them imports another."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .flows import FlowKey
+from .records import DIRECTION_NAMES, EVENT_NAMES
+
+if TYPE_CHECKING:
+    from .rollup import Rollup
+
+NO_FLOW = "(no flow)"
+
+
+class Names(Protocol):
+    """Ids to what a person reads (the runtime implements it over FlowNames and the
+    symbolizer)."""
+
+    def flow(self, flow_id: int) -> FlowKey | None: ...
+    def function(self, function_id: int) -> str: ...
+    def stack(self, stack_id: int) -> list[str]: ...
+
+
+def event_name(event: int) -> str:
+    return EVENT_NAMES[event] if 0 <= event < len(EVENT_NAMES) else str(event)
+
+
+def direction_name(direction: int) -> str:
+    return DIRECTION_NAMES[direction] if 0 <= direction < len(DIRECTION_NAMES) else "?"
+
+
+@dataclass
+class FlowStat:
+    """One (flow, direction, event): samples, norm cost, and cost per function and
+    per stack (to name the hottest)."""
+
+    flow_id: int
+    direction: int
+    event: int
+    samples: int = 0
+    norm_cost: float = 0.0
+    functions: dict[int, float] = field(default_factory=dict)
+    stacks: dict[int, float] = field(default_factory=dict)
+
+    def add(self, r: Rollup) -> None:
+        cost = float(r.norm_cost)
+        self.samples += int(r.samples)
+        self.norm_cost += cost
+        f, s = int(r.function_id), int(r.callstack_id)
+        self.functions[f] = self.functions.get(f, 0.0) + cost
+        self.stacks[s] = self.stacks.get(s, 0.0) + cost
+
+    def merge(self, other: FlowStat) -> None:
+        self.samples += other.samples
+        self.norm_cost += other.norm_cost
+        for f, c in other.functions.items():
+            self.functions[f] = self.functions.get(f, 0.0) + c
+        for s, c in other.stacks.items():
+            self.stacks[s] = self.stacks.get(s, 0.0) + c
+
+    def hottest(self, n: int = 1) -> list[tuple[int, float]]:
+        """The `n` functions with the most cost (ties: lower id first)."""
+        return sorted(self.functions.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+    def hottest_stacks(self, n: int = 1) -> list[tuple[int, float]]:
+        return sorted(self.stacks.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+
+def _order(s: FlowStat) -> tuple[float, int, int, int]:
+    return (-s.norm_cost, s.flow_id, s.direction, s.event)
+
+
+def flow_stats(rollups: Iterable[Rollup]) -> list[FlowStat]:
+    """Rollups summed per (flow, direction, event), highest norm cost first."""
+    cells: dict[tuple[int, int, int], FlowStat] = {}
+    for r in rollups:
+        k = (int(r.flow_id), int(r.direction), int(r.event))
+        cell = cells.get(k)
+        if cell is None:
+            cell = cells[k] = FlowStat(*k)
+        cell.add(r)
+    return sorted(cells.values(), key=_order)
+
+
+class Totals:
+    """The whole run, for the exit summary: bounded, so a host with a million flows
+    keeps the `max_rows` costliest (flow, direction, event) rows and the
+    `max_per_row` costliest functions and stacks of each."""
+
+    def __init__(self, max_rows: int = 4096, max_per_row: int = 64) -> None:
+        self.max_rows = max_rows
+        self.max_per_row = max_per_row
+        self.rows: dict[tuple[int, int, int], FlowStat] = {}
+        self.samples = 0
+        self.norm_cost = 0.0
+        self.windows = 0
+
+    def add(self, stats: Iterable[FlowStat]) -> None:
+        self.windows += 1
+        for s in stats:
+            self.samples += s.samples
+            self.norm_cost += s.norm_cost
+            k = (s.flow_id, s.direction, s.event)
+            cell = self.rows.get(k)
+            if cell is None:
+                cell = self.rows[k] = FlowStat(*k)
+            cell.merge(s)
+            if len(cell.functions) > 2 * self.max_per_row:
+                cell.functions = dict(cell.hottest(self.max_per_row))
+            if len(cell.stacks) > 2 * self.max_per_row:
+                cell.stacks = dict(cell.hottest_stacks(self.max_per_row))
+        if len(self.rows) > 2 * self.max_rows:
+            keep = sorted(self.rows.values(), key=_order)[: self.max_rows]
+            self.rows = {(s.flow_id, s.direction, s.event): s for s in keep}
+
+    def top(self, n: int) -> list[FlowStat]:
+        return sorted(self.rows.values(), key=_order)[:n]
+
+
+@dataclass
+class WindowInfo:
+    """The state around one flush window, for the headers and the JSON objects."""
+
+    seconds: float  # the window's length
+    mode: str  # sentinel / diagnostic
+    source: str  # the sample source's name
+    events: Sequence[str] = ()
+    samples: int = 0  # delivered by the source in the window, before target filtering
+    samples_per_sec: float = 0.0
+    scale: float = 1.0
+    throttled: bool = False
+    dropped: Mapping[str, int] = field(default_factory=dict)  # cumulative, by reason
+    wall_ns: int = 0  # the window's end, wall clock
+
+    def dropped_text(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in sorted(self.dropped.items()) if v)
+
+
+def flow_label(flow_id: int, names: Names) -> str:
+    """`10.0.0.1:5201 -> 10.0.0.2:43012 tcp`, the 16-hex id when the 5-tuple is not
+    known, or `(no flow)` for flow 0."""
+    if flow_id == 0:
+        return NO_FLOW
+    key = names.flow(flow_id)
+    return str(key) if key is not None else f"{flow_id:016x}"
+
+
+@dataclass
+class Window:
+    """One flush window, as the runtime hands it to every observer (views, and part
+    2's sinks and detectors): the rollups as an array (`aggregator.ROLLUP_DTYPE`, for
+    bulk sinks) and as objects, their per-flow sums, and the state around them."""
+
+    index: int
+    start_ns: int  # CLOCK_MONOTONIC
+    end_ns: int
+    info: WindowInfo
+    rows: Any  # np.ndarray of ROLLUP_DTYPE
+    rollups: Sequence[Rollup]
+    stats: Sequence[FlowStat]
+    final: bool = False  # the last window, flushed by stop()

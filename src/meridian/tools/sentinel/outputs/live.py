@@ -1,0 +1,299 @@
+"""What people see of `meridian sentinel`: the live table of the top flows (redrawn
+every flush window on a terminal, like `io --top`), the summary on exit (top flows
+with their hottest functions and stacks), and one JSON object per flush window.
+
+Everything here is a pure function of aggregator rollups and a `Names` lookup (flow
+5-tuples, function names, stack frames), so it is tested without a kernel or a
+runtime. Plain ANSI, no TUI library; the escape codes are io_top's (a tool does not
+import another tool).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from ....output import dumps, fmt_scaled, print_table
+from ..model.window import (
+    FlowStat,
+    Names,
+    Totals,
+    Window,
+    WindowInfo,
+    direction_name,
+    event_name,
+    flow_label,
+)
+
+__all__ = [
+    "ENTER",
+    "LEAVE",
+    "JsonView",
+    "LiveView",
+    "render_live",
+    "render_summary",
+    "summary_json",
+    "window_json",
+]
+
+ENTER = "\x1b[?1049h\x1b[?25l"  # alternate screen, cursor hidden
+LEAVE = "\x1b[?25h\x1b[?1049l"  # cursor shown, main screen back
+HOME = "\x1b[H"
+EOL = "\x1b[K"  # erase to the end of the line
+EOS = "\x1b[J"  # erase below
+LIVE_HEADER = ("FLOW", "DIR", "EVENT", "SAMPLES", "NORM COST", "HOTTEST FUNCTION")
+
+
+def _hottest_name(s: FlowStat, names: Names) -> str:
+    top = s.hottest(1)
+    return names.function(top[0][0]) if top else "-"
+
+
+def _cells(s: FlowStat, names: Names) -> list[str]:
+    return [
+        flow_label(s.flow_id, names),
+        direction_name(s.direction),
+        event_name(s.event),
+        str(s.samples),
+        fmt_scaled(s.norm_cost),
+        _hottest_name(s, names),
+    ]
+
+
+def _widths(rows: list[list[str]], cols: int) -> list[int]:
+    """Column widths: the flow column as wide as its longest 5-tuple (capped), the
+    function column takes what is left of the terminal."""
+    w = [len(h) for h in LIVE_HEADER]
+    for r in rows:
+        w = [max(a, len(c)) for a, c in zip(w, r, strict=True)]
+    w[0] = min(w[0], 56)
+    w[5] = max(len(LIVE_HEADER[5]), cols - sum(w[:5]) - 5)
+    return w
+
+
+def _line(cells: Sequence[str], w: Sequence[int]) -> str:
+    flow = cells[0] if len(cells[0]) <= w[0] else cells[0][: w[0] - 1] + "…"
+    parts = [flow.ljust(w[0]), cells[1].ljust(w[1]), cells[2].ljust(w[2])]
+    parts += [cells[3].rjust(w[3]), cells[4].rjust(w[4]), cells[5][: w[5]]]
+    return " ".join(parts).rstrip()
+
+
+def render_live(
+    stats: Sequence[FlowStat],
+    info: WindowInfo,
+    names: Names,
+    size: tuple[int, int] = (120, 40),
+    clock: str | None = None,
+) -> str:
+    """One frame of the live table, with ANSI codes, cut to the terminal's size."""
+    cols, lines = size
+    now = clock if clock is not None else time.strftime("%H:%M:%S")
+    flows = len({s.flow_id for s in stats})
+    dropped = info.dropped_text()
+    head = [
+        f"meridian sentinel  {now}  {info.mode} mode  every {info.seconds:.1f}s  "
+        f"source: {info.source}",
+        f"samples/s {info.samples_per_sec:.0f}  scale {info.scale:g}  flows {flows}"
+        + (f"  events {','.join(info.events)}" if info.events else "")
+        + ("  THROTTLED" if info.throttled else "")
+        + (f"  dropped: {dropped}" if dropped else ""),
+        "",
+    ]
+    rows = [_cells(s, names) for s in stats[: max(0, lines - len(head) - 2)]]
+    w = _widths(rows, cols)
+    body = [_line(LIVE_HEADER, w)] + [_line(r, w) for r in rows]
+    if not rows:
+        body.append("(no samples in this window)")
+    text = [x[:cols] + EOL for x in head + body]
+    return HOME + "\n".join(text) + "\n" + EOS
+
+
+def _flow_fields(flow_id: int, names: Names) -> dict[str, Any]:
+    out: dict[str, Any] = {"flow": f"{flow_id:016x}"}
+    key = names.flow(flow_id) if flow_id else None
+    if key is not None:
+        out.update(src=key.src, dst=key.dst, sport=key.sport, dport=key.dport, proto=str(key.proto))
+        out["label"] = str(key)
+    return out
+
+
+def _row_json(s: FlowStat, names: Names, stacks: int = 0) -> dict[str, Any]:
+    out = _flow_fields(s.flow_id, names)
+    out.update(
+        direction=direction_name(s.direction),
+        event=event_name(s.event),
+        samples=s.samples,
+        norm_cost=round(s.norm_cost, 6),
+        functions=[
+            {"function": names.function(f), "norm_cost": round(c, 6)} for f, c in s.hottest(3)
+        ],
+    )
+    if stacks:
+        out["stacks"] = [
+            {"stack_id": sid, "norm_cost": round(c, 6), "frames": names.stack(sid)}
+            for sid, c in s.hottest_stacks(stacks)
+        ]
+    return out
+
+
+def window_json(
+    index: int, stats: Sequence[FlowStat], info: WindowInfo, names: Names, top: int = 50
+) -> dict[str, Any]:
+    """The `--json` object of one flush window: its state and its top flows."""
+    return {
+        "type": "window",
+        "window": index,
+        "wall_ns": info.wall_ns,
+        "seconds": round(info.seconds, 6),
+        "mode": info.mode,
+        "source": info.source,
+        "events": list(info.events),
+        "samples": info.samples,
+        "samples_per_sec": round(info.samples_per_sec, 3),
+        "scale": info.scale,
+        "throttled": info.throttled,
+        "dropped": dict(info.dropped),
+        "flows_total": len({s.flow_id for s in stats}),
+        "flows": [_row_json(s, names) for s in stats[:top]],
+    }
+
+
+def summary_json(
+    totals: Totals, seconds: float, info: WindowInfo, names: Names, top: int = 20
+) -> dict[str, Any]:
+    """The `--json` object on exit: the whole run's top flows with stacks."""
+    return {
+        "type": "summary",
+        "seconds": round(seconds, 6),
+        "windows": totals.windows,
+        "source": info.source,
+        "mode": info.mode,
+        "samples": totals.samples,
+        "norm_cost": round(totals.norm_cost, 6),
+        "dropped": dict(info.dropped),
+        "flows": [_row_json(s, names, stacks=3) for s in totals.top(top)],
+    }
+
+
+SUMMARY_HEADER = ("FLOW", "DIR", "EVENT", "SAMPLES", "NORM COST", "SHARE", "HOTTEST FUNCTION")
+
+
+def render_summary(
+    totals: Totals,
+    seconds: float,
+    info: WindowInfo,
+    names: Names,
+    out: TextIO,
+    top: int = 20,
+    detailed: int = 3,
+    functions: int = 3,
+    stacks: int = 2,
+    depth: int = 8,
+) -> None:
+    """The exit summary as text: a table of the `top` flows, then the `detailed`
+    costliest ones with their hottest functions and stacks (leaf first, `depth`
+    frames)."""
+    rows = totals.top(top)
+    print(
+        f"\nmeridian sentinel: {totals.samples} samples in {seconds:.1f}s "
+        f"({totals.windows} windows), source: {info.source}, last mode: {info.mode}",
+        file=out,
+    )
+    if not rows:
+        print("no samples attributed (no traffic, or every sample was filtered)", file=out)
+    else:
+        total = totals.norm_cost or 1.0
+        table = [
+            [
+                flow_label(s.flow_id, names),
+                direction_name(s.direction),
+                event_name(s.event),
+                str(s.samples),
+                fmt_scaled(s.norm_cost),
+                f"{100 * s.norm_cost / total:.1f}%",
+                _hottest_name(s, names),
+            ]
+            for s in rows
+        ]
+        print(file=out)
+        print_table(SUMMARY_HEADER, table, out, numeric=(3, 4, 5))
+        for s in rows[:detailed]:
+            print(
+                f"\n{flow_label(s.flow_id, names)} {direction_name(s.direction)} "
+                f"{event_name(s.event)}: {s.samples} samples, norm cost {fmt_scaled(s.norm_cost)}",
+                file=out,
+            )
+            for f, c in s.hottest(functions):
+                share = 100 * c / s.norm_cost if s.norm_cost else 0.0
+                print(f"  {share:5.1f}%  {names.function(f)}", file=out)
+            for sid, c in s.hottest_stacks(stacks):
+                frames = names.stack(sid)
+                if not frames:
+                    continue
+                share = 100 * c / s.norm_cost if s.norm_cost else 0.0
+                print(f"  stack {sid} ({share:.1f}%):", file=out)
+                for frame in frames[:depth]:
+                    print(f"      {frame}", file=out)
+                if len(frames) > depth:
+                    print(f"      ... {len(frames) - depth} more", file=out)
+    dropped = info.dropped_text()
+    if dropped:
+        print(f"dropped: {dropped}", file=out)
+
+
+def _terminal_size() -> tuple[int, int]:
+    size = shutil.get_terminal_size()
+    return size.columns, size.lines
+
+
+class LiveView:
+    """The live table on a terminal: alternate screen, redrawn every window."""
+
+    def __init__(
+        self,
+        out: TextIO,
+        names: Names,
+        size: Callable[[], tuple[int, int]] | None = None,
+    ) -> None:
+        self.out = out
+        self.names = names
+        self.size = size or _terminal_size
+        self.entered = False
+
+    def start(self) -> None:
+        self.out.write(ENTER)
+        self.out.flush()
+        self.entered = True
+
+    def on_window(self, window: Window) -> None:
+        if not self.entered or window.final:
+            return
+        self.out.write(render_live(window.stats, window.info, self.names, self.size()))
+        self.out.flush()
+
+    def close(self) -> None:
+        if self.entered:
+            self.entered = False
+            self.out.write(LEAVE)
+            self.out.flush()
+
+
+class JsonView:
+    """`--json`: one object per flush window, one line each."""
+
+    def __init__(self, out: TextIO, names: Names, top: int = 50) -> None:
+        self.out = out
+        self.names = names
+        self.top = top
+
+    def on_window(self, window: Window) -> None:
+        obj = window_json(window.index, window.stats, window.info, self.names, self.top)
+        if window.final:
+            obj["final"] = True
+        self.out.write(dumps(obj) + "\n")
+        self.out.flush()
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,330 @@
+"""The OpenMetrics endpoint of `meridian sentinel`, with the seed's metric names.
+
+The runtime hands a `MetricsSnapshot` to `SentinelMetrics.update` once per flush
+window; a scrape renders that snapshot and nothing else (prometheus_client's
+collector pattern: only `collect()`, nothing kept between scrapes). Served through
+the project's `PrometheusServer`.
+
+| metric                          | labels              | value                              |
+| ------------------------------- | ------------------- | ---------------------------------- |
+| ms_agent_mode                   |                     | 0 sentinel, 1 diagnostic           |
+| ms_samples_per_sec              |                     | delivered samples/s, all CPUs      |
+| ms_pmu_scale                    |                     | event groups sharing the PMU       |
+| ms_sampling_throttled           |                     | 1 while the safety level sheds     |
+| ms_flow_event_norm              | F, direction, event | norm cost per second               |
+| ms_flow_micromiss_rate          | F, direction        | norm cost/s of cache-miss events   |
+| ms_branch_mispred_rate          | F, direction        | norm cost/s of branch misses       |
+| ms_throughput_ratio, _bps       | interface           | reading / EWMA baseline; bits/s    |
+| ms_latency_ratio, ms_latency_us |                     | probe reading / baseline; µs       |
+| ms_tsc_slope, ms_tsc_offset_ns  | cpu                 | kernel ns -> wall ns, per CPU      |
+| ms_dropped_samples_total        | reason              | samples dropped, cumulative        |
+
+F: `flow` (16 hex digits of the flow id) and, where known, `src`, `dst`, `sport`,
+`dport`, `proto` (empty when not known, which Prometheus treats as absent). The
+`top_flows` flows with the highest norm cost in the window keep series of their own;
+the others are summed per direction and event into `flow="other"`, so a host with a
+million flows scrapes as fast as one with fifty.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from ....export.prometheus import PrometheusServer, families
+from ....export.series import Attrs, Family, HistPoint, Point
+from ..pipeline.anomaly import AnomalyGauges
+
+if TYPE_CHECKING:
+    from ..config.load import SentinelConfig
+    from ..model.flows import FlowKey
+    from ..model.rollup import Rollup
+
+__all__ = [
+    "BRANCH_EVENTS",
+    "CACHE_EVENTS",
+    "FlowLookup",
+    "FlowRow",
+    "MetricsSnapshot",
+    "SentinelMetrics",
+    "flow_rows",
+    "serve",
+]
+
+OTHER = "other"
+CACHE_EVENTS = frozenset({"llc-misses", "remote-dram", "hitm"})  # ms_flow_micromiss_rate
+BRANCH_EVENTS = frozenset({"branch-misses"})  # ms_branch_mispred_rate
+DIRECTIONS = ("rx", "tx")
+FLOW_LABELS = ("flow", "src", "dst", "sport", "dport", "proto")
+_K = TypeVar("_K", str, int)  # a label value
+
+
+@dataclass(frozen=True)
+class FlowRow:
+    """One flow's cost for one event and direction over the snapshot's window."""
+
+    flow_id: int
+    event: str
+    direction: str  # rx or tx
+    samples: int
+    norm_cost: float
+    src: str = ""
+    dst: str = ""
+    sport: int | None = None
+    dport: int | None = None
+    proto: str = ""
+
+    def flow_labels(self) -> dict[str, str | int | bool]:
+        return {
+            "flow": f"{self.flow_id:016x}",
+            "src": self.src,
+            "dst": self.dst,
+            "sport": "" if self.sport is None else self.sport,
+            "dport": "" if self.dport is None else self.dport,
+            "proto": self.proto,
+        }
+
+
+@dataclass
+class MetricsSnapshot:
+    """Everything a scrape shows, filled by the runtime at the end of a flush window."""
+
+    mode: int = 0
+    samples_per_sec: float = 0.0
+    pmu_scale: float = 1.0
+    throttled: bool = False
+    window_s: float = 1.0  # the flush window the flow rows cover
+    flows: Sequence[FlowRow] = ()
+    dropped: Mapping[str, int] = field(default_factory=dict)  # cumulative, by reason
+    tsc_slope: Mapping[int, float] = field(default_factory=dict)
+    tsc_offset_ns: Mapping[int, float] = field(default_factory=dict)
+    anomaly: AnomalyGauges = field(default_factory=AnomalyGauges)
+
+
+class FlowLookup(Protocol):
+    """What names a flow id: a FlowNames, or the runtime's names."""
+
+    def get(self, flow_id: int) -> FlowKey | None: ...
+
+
+def _event_names() -> Callable[[int], str]:
+    from ..model.records import EVENT_NAMES
+
+    def name(event: int) -> str:
+        return EVENT_NAMES[event] if 0 <= event < len(EVENT_NAMES) else str(event)
+
+    return name
+
+
+def flow_rows(
+    rollups: Iterable[Rollup],
+    names: FlowLookup | None = None,
+    event_name: Callable[[int], str] | None = None,
+) -> list[FlowRow]:
+    """Aggregator rollups summed per (flow, direction, event), with the 5-tuple where
+    `names` knows it."""
+    label = event_name or _event_names()
+    sums: dict[tuple[int, int, int], list[float]] = {}
+    for r in rollups:
+        cell = sums.setdefault((int(r.flow_id), int(r.direction), int(r.event)), [0, 0.0])
+        cell[0] += int(r.samples)
+        cell[1] += float(r.norm_cost)
+    out = []
+    for (flow_id, direction, event), (samples, cost) in sums.items():
+        key = names.get(flow_id) if names is not None and flow_id else None
+        where: dict[str, Any] = {}
+        if key is not None:
+            where = {
+                "src": key.src,
+                "dst": key.dst,
+                "sport": key.sport,
+                "dport": key.dport,
+                "proto": str(key.proto),
+            }
+        d = DIRECTIONS[direction] if 0 <= direction < 2 else str(direction)
+        out.append(FlowRow(flow_id, label(event), d, int(samples), cost, **where))
+    return out
+
+
+class SentinelMetrics:
+    """A prometheus_client collector over the latest `MetricsSnapshot`."""
+
+    def __init__(self, top_flows: int = 50) -> None:
+        self.top_flows = top_flows
+        self._snapshot = MetricsSnapshot()
+        self._lock = threading.Lock()
+        self._more: list[Callable[[], list[Family]]] = []
+
+    def add_source(self, source: Callable[[], list[Family]]) -> None:
+        """More families for every scrape (the store's counters, detectors' findings)."""
+        self._more.append(source)
+
+    def update(self, snapshot: MetricsSnapshot) -> None:
+        """Replace the snapshot (the flush thread); scrapes see the old or the new one."""
+        with self._lock:
+            self._snapshot = snapshot
+
+    def snapshot(self) -> MetricsSnapshot:
+        with self._lock:
+            return self._snapshot
+
+    def collect(self) -> Iterator[Any]:
+        return families(self.source)
+
+    def source(self) -> list[Family]:
+        """The families of the current snapshot (a `meridian.export.Source`)."""
+        s = self.snapshot()
+
+        def gauge(name: str, doc: str, points: list[Point]) -> Family:
+            return Family(name, "gauge", "", doc, list[Point | HistPoint](points))
+
+        def one(value: float | None) -> list[Point]:
+            """One unlabelled point; none while the value is unknown (no probe)."""
+            return [] if value is None else [Point({}, value)]
+
+        def by(label: str, values: Mapping[_K, float]) -> list[Point]:
+            """One point per key (an interface, a CPU), in key order."""
+            return [Point({label: k}, v) for k, v in sorted(values.items())]
+
+        a = s.anomaly
+        out = [
+            gauge("ms_agent_mode", "sampling mode: 0 sentinel, 1 diagnostic", one(s.mode)),
+            gauge(
+                "ms_samples_per_sec",
+                "samples delivered per second, all CPUs",
+                one(s.samples_per_sec),
+            ),
+            gauge(
+                "ms_pmu_scale", "event groups time-sharing the PMU (sample scale)", one(s.pmu_scale)
+            ),
+            gauge(
+                "ms_sampling_throttled",
+                "1 while the safety level limits events per group",
+                one(1 if s.throttled else 0),
+            ),
+            *self._flow_families(s),
+            gauge(
+                "ms_throughput_ratio",
+                "interface throughput over its EWMA baseline",
+                by("interface", a.throughput_ratio),
+            ),
+            gauge(
+                "ms_throughput_bps",
+                "interface throughput, bits per second",
+                by("interface", a.throughput_bps),
+            ),
+            gauge(
+                "ms_latency_ratio",
+                "latency probe reading over its EWMA baseline",
+                one(a.latency_ratio),
+            ),
+            gauge("ms_latency_us", "latency probe reading, microseconds", one(a.latency_us)),
+            gauge(
+                "ms_tsc_slope",
+                "wall ns per kernel ns of the per-CPU clock model",
+                by("cpu", s.tsc_slope),
+            ),
+            gauge(
+                "ms_tsc_offset_ns",
+                "wall minus kernel ns of the per-CPU clock model",
+                by("cpu", s.tsc_offset_ns),
+            ),
+            Family(
+                "ms_dropped_samples",
+                "counter",
+                "",
+                "samples dropped, by reason",
+                [Point({"reason": k}, int(v)) for k, v in sorted(s.dropped.items())],
+            ),
+        ]
+        for more in list(self._more):
+            out.extend(more())
+        return out
+
+    def _flow_families(self, s: MetricsSnapshot) -> list[Family]:
+        """ms_flow_event_norm, ms_flow_micromiss_rate, ms_branch_mispred_rate: the top
+        flows by cost, the rest in flow="other"."""
+        total: dict[int, float] = {}
+        for r in s.flows:
+            total[r.flow_id] = total.get(r.flow_id, 0.0) + r.norm_cost
+        top = {
+            f
+            for f, _ in heapq.nlargest(
+                self.top_flows, total.items(), key=lambda kv: (kv[1], -kv[0])
+            )
+        }
+        per_s = 1.0 / s.window_s if s.window_s > 0 else 1.0
+        # (flow labels, direction, event) -> norm cost; flow labels None: other
+        cells: dict[tuple[int | None, str, str], float] = {}
+        labels: dict[int, dict[str, str | int | bool]] = {}
+        for r in s.flows:
+            fid: int | None = r.flow_id if r.flow_id in top else None
+            if fid is not None and fid not in labels:
+                labels[fid] = r.flow_labels()
+            k = (fid, r.direction, r.event)
+            cells[k] = cells.get(k, 0.0) + r.norm_cost
+        other: dict[str, str | int | bool] = dict.fromkeys(FLOW_LABELS, "")
+        other["flow"] = OTHER
+
+        def attrs(fid: int | None, direction: str, **more: str) -> Attrs:
+            base = labels[fid] if fid is not None else other
+            return {**base, "direction": direction, **more}
+
+        def order(k: tuple[int | None, str, str]) -> tuple[float, str, str, str]:
+            fid = k[0]
+            return (
+                -total[fid] if fid is not None else 0.0,
+                "" if fid is None else f"{fid:016x}",
+                k[1],
+                k[2],
+            )
+
+        norm: list[Point | HistPoint] = []
+        miss: dict[tuple[int | None, str], float] = {}
+        mispred: dict[tuple[int | None, str], float] = {}
+        for k in sorted(cells, key=order):
+            fid, direction, event = k
+            v = cells[k] * per_s
+            norm.append(Point(attrs(fid, direction, event=event), v))
+            if event in CACHE_EVENTS:
+                miss[(fid, direction)] = miss.get((fid, direction), 0.0) + v
+            if event in BRANCH_EVENTS:
+                mispred[(fid, direction)] = mispred.get((fid, direction), 0.0) + v
+        return [
+            Family(
+                "ms_flow_event_norm",
+                "gauge",
+                "",
+                "norm cost per second (samples x scale / gso segments) by flow and event",
+                norm,
+            ),
+            Family(
+                "ms_flow_micromiss_rate",
+                "gauge",
+                "",
+                "norm cost per second of cache-miss events (llc-misses, remote-dram, hitm)",
+                [Point(attrs(f, d), v) for (f, d), v in sorted(miss.items(), key=_by_cost)],
+            ),
+            Family(
+                "ms_branch_mispred_rate",
+                "gauge",
+                "",
+                "norm cost per second of branch mispredictions",
+                [Point(attrs(f, d), v) for (f, d), v in sorted(mispred.items(), key=_by_cost)],
+            ),
+        ]
+
+
+def _by_cost(kv: tuple[tuple[int | None, str], float]) -> tuple[bool, float, str]:
+    """Highest first, flow="other" last."""
+    return (kv[0][0] is None, -kv[1], kv[0][1])
+
+
+def serve(cfg: SentinelConfig, metrics: SentinelMetrics) -> PrometheusServer:
+    """Serve /metrics on `metrics.listen_address:listen_port` from a thread until the
+    server's `close()`; a port in use is a one-line UsageError."""
+    host, port = cfg.metrics.listen_address, cfg.metrics.listen_port
+    return PrometheusServer(metrics.source, (host, port), option="--metrics-port")

@@ -1,0 +1,250 @@
+"""Samples to rollups: the seed's aggregation key `(flow_id, function, callstack_id,
+data_object_id, event, numa_node, direction, interference_class, time_bucket)` with
+`samples` and `norm_cost = samples * sample_scale / gso_segs` (summed per sample, so
+a sample on a GSO super-packet of 40 segments costs a fortieth per segment).
+
+All in numpy: rows are grouped by sorting a 64-bit hash of each row (then checked
+column by column, exact) and summed with `np.bincount`; the resolver (symbolizer,
+stack map) is called once per distinct (pid, ip), (pid, stacks) and (pid, data
+address) of a flush window, never per sample: a call stack is asked with ip 0, and
+with the sampled ip only when it has no stack ids or its frames are gone (id 0). Its
+ids are integers in [0, 2**64). New call stacks are asked at most `stacks_per_window`
+times a window, the hottest first (a stack each costs the resolver tens of
+microseconds, and code without frame pointers gives almost every sample its own);
+the rest are keyed UNRESOLVED, their samples and cost exact.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..model.interference import classify
+from ..model.rollup import KEY_DTYPE, ROLLUP_DTYPE, UNRESOLVED, Rollup, rollups
+
+__all__ = ["Aggregator", "Resolver"]
+
+Array = np.ndarray[Any, Any]
+
+STACK_CANDIDATES = 4096  # of a batch's distinct stacks, the hottest looked at at all
+STACKS_PER_WINDOW = 512  # new call stacks resolved per flush window, the hottest first
+
+
+class Resolver(Protocol):
+    """Ids for what samples point at (R's runtime, on the symbolizer and stack map)."""
+
+    def function_id(self, pid: int, ip: int) -> int:
+        """(A resolver may also have `function_ids(pids, ips) -> list[int]`, the same
+        for lists, used instead when it has.)"""
+        ...
+
+    def callstack_id(self, pid: int, user_stack_id: int, kernel_stack_id: int, ip: int) -> int: ...
+
+    def data_object_id(self, pid: int, addr: int) -> int:
+        """0: no known object at `addr`."""
+        ...
+
+
+_MIX = np.uint64(0x100000001B3)
+_SEED = np.uint64(0xCBF29CE484222325)
+
+
+def _group(*cols: Array) -> tuple[Array, Array]:
+    """Rows of the columns -> (index of each distinct row's first occurrence, inverse:
+    the distinct row of each input row). Rows are hashed to one uint64 and sorted
+    once (3x faster than np.unique over packed rows); the groups are then checked
+    column by column, and on a hash collision it falls back to an exact lexsort."""
+    n = len(cols[0])
+    u = [np.asarray(c).astype(np.uint64, copy=False) for c in cols]
+    h = np.full(n, _SEED, dtype=np.uint64)
+    for c in u:
+        h ^= c
+        h *= _MIX
+        h ^= h >> np.uint64(29)
+    order = np.argsort(h)
+    hs = h[order]
+    flag = np.empty(n, dtype=bool)
+    flag[:1] = True
+    flag[1:] = hs[1:] != hs[:-1]
+    group = np.cumsum(flag) - 1
+    heads = np.flatnonzero(flag)
+    for c in u:
+        cs = c[order]
+        if (cs != cs[heads][group]).any():
+            return _group_exact(u)
+    inverse = np.empty(n, dtype=np.int64)
+    inverse[order] = group
+    return np.minimum.reduceat(order, heads), inverse
+
+
+def _group_exact(cols: list[Array]) -> tuple[Array, Array]:
+    n = len(cols[0])
+    order = np.lexsort(cols[::-1])  # stable: the first of a group is its earliest row
+    flag = np.zeros(n, dtype=bool)
+    flag[:1] = True
+    for c in cols:
+        cs = c[order]
+        flag[1:] |= cs[1:] != cs[:-1]
+    inverse = np.empty(n, dtype=np.int64)
+    inverse[order] = np.cumsum(flag) - 1
+    return order[flag], inverse
+
+
+def _resolve(
+    cache: dict[tuple[int, ...], int],
+    call: Callable[..., int],
+    cols: list[Array],
+    first: Array,
+    many: Callable[..., list[int]] | None = None,
+    budget: int | None = None,
+    weight: Array | None = None,
+) -> tuple[Array, int]:
+    """The resolver's id of each distinct row (`first` indexes them), from the
+    window's cache, else one call each (or one call of `many` for them all), and the
+    number of calls made. With a `budget`, at most that many rows are asked (those
+    of highest `weight` first); the others are UNRESOLVED for the rest of the window."""
+    if budget is not None and weight is not None and len(first) > STACK_CANDIDATES:
+        # Thousands of distinct rows (a stack per sample): even a cache lookup per
+        # row costs; only the hottest are looked at, the rest are UNRESOLVED.
+        top = np.argpartition(-weight, STACK_CANDIDATES)[:STACK_CANDIDATES]
+        out = np.full(len(first), UNRESOLVED, dtype=np.uint64)
+        out[top], asked = _resolve(cache, call, cols, first[top], many, budget, weight[top])
+        return out, asked
+    rows = list(zip(*(c[first].tolist() for c in cols), strict=True))
+    get = cache.get
+    ids = [get(row) for row in rows]
+    missing = [i for i, got in enumerate(ids) if got is None]
+    if budget is not None and len(missing) > budget:
+        miss = np.array(missing, dtype=np.int64)
+        if weight is not None:
+            miss = miss[np.argsort(-weight[miss], kind="stable")]
+        for i in miss[budget:].tolist():
+            ids[i] = cache[rows[i]] = UNRESOLVED
+        missing = sorted(miss[:budget].tolist())
+    if missing and many is not None:
+        got = many(*([rows[i][j] for i in missing] for j in range(len(cols))))
+        for i, ident in zip(missing, got, strict=True):
+            ids[i] = cache[rows[i]] = ident
+    else:
+        for i in missing:
+            ids[i] = cache[rows[i]] = call(*rows[i])
+    return np.array(ids, dtype=np.uint64), len(missing)
+
+
+def _reduce(keys: Array, samples: Array, cost: Array, pid: Array) -> Array:
+    """One row per distinct key: samples and cost summed, the first row's pid."""
+    first, inv = _group(*(keys[name] for name in KEY_DTYPE.names or ()))
+    out = np.empty(len(first), dtype=ROLLUP_DTYPE)
+    for name in KEY_DTYPE.names or ():
+        out[name] = keys[name][first]
+    out["samples"] = np.rint(np.bincount(inv, weights=samples, minlength=len(first)))
+    out["norm_cost"] = np.bincount(inv, weights=cost, minlength=len(first))
+    out["pid"] = pid[first]
+    return out
+
+
+class Aggregator:
+    """Accumulates the rollups of one flush window. `add` from the consumer thread,
+    `flush` from the flush loop: each part is appended whole, under a lock."""
+
+    def __init__(
+        self,
+        time_window_ns: int,
+        resolver: Resolver,
+        stacks_per_window: int | None = STACKS_PER_WINDOW,
+    ) -> None:
+        """`stacks_per_window` bounds the new call stacks asked of the resolver in a
+        window (None: no bound): code without frame pointers gives almost every
+        sample a stack of its own, and each costs the resolver tens of microseconds."""
+        if time_window_ns <= 0:
+            raise ValueError("time_window_ns must be positive")
+        self.time_window_ns = int(time_window_ns)
+        self.resolver = resolver
+        self._parts: list[Array] = []
+        # resolver answers of this window: a key resolved once per window, not per batch
+        self._functions: dict[tuple[int, ...], int] = {}
+        self._stacks: dict[tuple[int, ...], int] = {}
+        self._objects: dict[tuple[int, ...], int] = {}
+        self.stacks_per_window = stacks_per_window
+        self._stack_budget = stacks_per_window
+        self._lock = threading.Lock()
+        self.samples_total = 0
+
+    def add(self, samples: Array, scale: float = 1.0, time_ns: Array | None = None) -> None:
+        """A batch of samples (sample_dtype) at this sample scale. `time_ns` (e.g. the
+        wall clock of ClockCalibrator.to_wall) buckets instead of samples["time_ns"]."""
+        n = len(samples)
+        if n == 0:
+            return
+        r = self.resolver
+        pid, ip = samples["pid"], samples["ip"]
+        ustack = samples["user_stack_id"].astype(np.int64)
+        kstack = samples["kernel_stack_id"].astype(np.int64)
+
+        first, inv = _group(pid, ip)
+        many = getattr(r, "function_ids", None)  # optional: a list of them in one call
+        fids = _resolve(self._functions, r.function_id, [pid, ip], first, many)[0][inv]
+        # A sample with a stack is keyed by its stack ids alone (the ip counts only
+        # without one: asking per distinct ip would be asking per sample); a stack
+        # whose frames are gone (0) is then asked again with the sampled ip.
+        stacked = (ustack >= 0) | (kstack >= 0)
+        cols = [pid, ustack, kstack, np.where(stacked, np.uint64(0), ip)]
+        first, inv = _group(*cols)
+        weight = np.bincount(inv, minlength=len(first))
+        got, asked = _resolve(
+            self._stacks, r.callstack_id, cols, first, budget=self._stack_budget, weight=weight
+        )
+        sids = got[inv]
+        if self._stack_budget is not None:
+            self._stack_budget = max(0, self._stack_budget - asked)
+        gone = np.flatnonzero((sids == 0) & stacked & (ip != 0))
+        if len(gone):
+            cols = [pid[gone], ustack[gone], kstack[gone], ip[gone]]
+            first, inv = _group(*cols)
+            sids[gone] = _resolve(self._stacks, r.callstack_id, cols, first)[0][inv]
+        addr = samples["data_addr"]
+        dids = np.zeros(n, dtype=np.uint64)
+        has = np.flatnonzero(addr != 0)
+        if len(has):
+            cols = [pid[has], addr[has]]
+            first, inv = _group(*cols)
+            dids[has] = _resolve(self._objects, r.data_object_id, cols, first)[0][inv]
+
+        t = np.asarray(samples["time_ns"] if time_ns is None else time_ns).astype(np.uint64)
+        keys = np.empty(n, dtype=KEY_DTYPE)
+        keys["flow_id"] = samples["flow_id"]
+        keys["function_id"] = fids
+        keys["callstack_id"] = sids
+        keys["data_object_id"] = dids
+        keys["time_bucket"] = t - t % np.uint64(self.time_window_ns)
+        keys["numa_node"] = samples["numa_node"]
+        keys["event"] = samples["event"]
+        keys["direction"] = samples["direction"]
+        keys["interference_class"] = classify(samples["event"])
+
+        cost = np.float64(scale) / np.maximum(samples["gso_segs"], 1).astype(np.float64)
+        part = _reduce(keys, np.ones(n, dtype=np.float64), cost, pid)
+        with self._lock:
+            self._parts.append(part)
+            self.samples_total += n
+
+    def flush_array(self) -> Array:
+        """The window's rollups as one ROLLUP_DTYPE array (for bulk sinks), and a new
+        window begins. Ordered by time bucket, then cost, highest first."""
+        with self._lock:
+            parts, self._parts = self._parts, []
+            self._functions, self._stacks, self._objects = {}, {}, {}
+            self._stack_budget = self.stacks_per_window
+        if not parts:
+            return np.empty(0, dtype=ROLLUP_DTYPE)
+        rows = np.concatenate(parts)
+        if len(parts) > 1:
+            rows = _reduce(rows, rows["samples"].astype(np.float64), rows["norm_cost"], rows["pid"])
+        return rows[np.lexsort((-rows["norm_cost"], rows["time_bucket"]))]
+
+    def flush(self) -> list[Rollup]:
+        """The window's rollups; a new window begins."""
+        return rollups(self.flush_array())

@@ -1,0 +1,104 @@
+"""Ids for what samples point at, and names for what people read: the aggregator's
+resolver over the symbolizer and the source's stack map, and view.Names over the
+flow names and the symbolizer. Kept apart from the threads because the cost rules
+live here (what the consumer may ask, what is left unresolved and labelled)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ..model.flows import FlowKey, FlowNames
+from ..model.rollup import UNRESOLVED
+
+if TYPE_CHECKING:
+    from ..symbols.symbolizer import Symbolizer
+
+__all__ = [
+    "GONE_STACK",
+    "STACK_LABELS",
+    "UNRESOLVED_LABEL",
+    "RuntimeNames",
+    "SymbolResolver",
+]
+
+
+# Ids that name nothing but say why (the symbolizer's ids count up from 1).
+UNRESOLVED_STACK = UNRESOLVED
+GONE_STACK = (1 << 64) - 2  # its frames left the kernel's stack map before they were read
+UNRESOLVED_LABEL = "[unresolved: symbols not read yet]"
+STACK_LABELS = {
+    UNRESOLVED_STACK: UNRESOLVED_LABEL,
+    GONE_STACK: "[stack gone: recycled before it was read]",
+}
+
+
+class SymbolResolver:
+    """The aggregator's `Resolver`: the symbolizer for addresses, the source's stack
+    map for stack ids (kernel frames first, innermost first, then the user frames).
+
+    The consumer must keep up with the ring, so it asks only what costs little: with
+    a symbolizer that has a cheap mode (the Symbolizer), an address whose answer needs
+    a slow read (a binary's symbols or line table: up to seconds in Python) is keyed
+    UNRESOLVED and left to the symbols thread (Runtime), which does the reads at a
+    bounded share of a core; the same address resolves in a later window. The samples
+    and cost of what is unresolved stay exact, under a label that says so. A stack
+    whose frames the source no longer has is GONE_STACK."""
+
+    def __init__(self, symbolizer: Symbolizer, stack_ips: Callable[[int], tuple[int, ...]]):
+        self.symbolizer = symbolizer
+        self.stack_ips = stack_ips
+
+    def function_id(self, pid: int, ip: int) -> int:
+        return self.function_ids([pid], [ip])[0]
+
+    def function_ids(self, pids: Sequence[int], ips: Sequence[int]) -> list[int]:
+        return self.symbolizer.function_ids(pids, ips, cheap=True, unresolved=UNRESOLVED)
+
+    def _stack_id(self, pid: int, ips: Sequence[int]) -> int:
+        return self.symbolizer.stack_id(pid, ips, cheap=True, unresolved=UNRESOLVED_STACK)
+
+    def callstack_id(self, pid: int, user_stack_id: int, kernel_stack_id: int, ip: int) -> int:
+        if user_stack_id < 0 and kernel_stack_id < 0:
+            # no stack: the sampled instruction alone
+            return self._stack_id(pid, [ip]) if ip else 0
+        ips: list[int] = []
+        if kernel_stack_id >= 0:
+            ips.extend(self.stack_ips(kernel_stack_id))
+        if user_stack_id >= 0:
+            ips.extend(self.stack_ips(user_stack_id))
+        if not ips:
+            return GONE_STACK
+        return self._stack_id(pid, ips)
+
+    def data_object_id(self, pid: int, addr: int) -> int:
+        return self.symbolizer.data_object_id(pid, addr)
+
+
+class RuntimeNames:
+    """view.Names over the flow names and the symbolizer (both safe across threads:
+    the flow names under the runtime's lock, the symbolizer on its own)."""
+
+    def __init__(self, flows: FlowNames, lock: threading.Lock, symbolizer: Symbolizer):
+        self.flows = flows
+        self.lock = lock
+        self.symbolizer = symbolizer
+
+    def flow(self, flow_id: int) -> FlowKey | None:
+        with self.lock:
+            return self.flows.get(flow_id)
+
+    def get(self, flow_id: int) -> FlowKey | None:  # metrics.flow_rows' names
+        return self.flow(flow_id)
+
+    def function(self, function_id: int) -> str:
+        if function_id == UNRESOLVED:
+            return UNRESOLVED_LABEL
+        return self.symbolizer.function_name(function_id)
+
+    def stack(self, stack_id: int) -> list[str]:
+        label = STACK_LABELS.get(stack_id)
+        if label is not None:
+            return [label]
+        return [str(f) for f in self.symbolizer.stack(stack_id)] if stack_id else []
