@@ -1,6 +1,6 @@
 """The log-linear layout and the one quantile function: bounds, the stated relative
 error against the exact quantile of the data, the log2 view bcc's text reads,
-intervals and exact value counts."""
+intervals, the kernel maps' cells and exact value counts."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from meridian.hist import (
     RELATIVE_ERROR,
+    Cell,
     ExactCounts,
     Hist,
     Layout,
@@ -118,6 +119,50 @@ def test_an_interval_min_and_max_are_exact_when_they_moved_else_bounds() -> None
     assert d2.lo == lay.lows[lay.bucket_of(3000)] and d2.hi == lay.highs[lay.bucket_of(3100)]
     assert d2.lo is not None and d2.hi is not None
     assert d2.lo <= d2.percentile(0.5) <= d2.hi
+
+
+def cell_of(values: list[int], **counters: int) -> Cell:
+    """The cell the kernel would hold for `values` in ns, counted in usecs buckets."""
+    counts = np.zeros(NB, np.uint64)
+    for v in values:
+        counts[Layout(NB).bucket_of(v // 1000)] += np.uint64(1)
+    return Cell(counts, sum(values), max(values), min_ns=min(values), **counters)
+
+
+def test_a_cell_interval_subtracts_its_counters_and_bounds_its_min_and_max() -> None:
+    a = cell_of([100_000, 5_000_000], tail=1, bytes=8192)
+    b = cell_of([100_000, 5_000_000, 50_000, 20_000_000], tail=2, bytes=12288)
+    d = b.since(a, 1000)  # a new min and max: exact
+    assert (d.count, d.sum_ns, d.tail, d.bytes) == (2, 20_050_000, 1, 4096)
+    assert (d.min_ns, d.max_ns) == (50_000, 20_000_000)
+    c = cell_of([100_000, 5_000_000, 50_000, 20_000_000, 3_000_000], tail=2, bytes=12288)
+    d2 = c.since(b, 1000)  # neither moved: the edges of the interval's one bucket
+    lay = Layout(NB)
+    bucket = lay.bucket_of(3000)
+    assert d2.min_ns == lay.lows[bucket] * 1000 and d2.max_ns == lay.highs[bucket] * 1000 - 1
+    assert d2.min_ns <= 3_000_000 <= d2.max_ns
+    h = d2.hist("usecs", 1000)
+    assert h.total == 1 and h.lo == d2.min_ns / 1000 and h.hi == d2.max_ns / 1000
+    nothing = c.since(c, 1000)
+    assert nothing.count == 0 and (nothing.sum_ns, nothing.max_ns, nothing.min_ns) == (0, 0, 0)
+
+
+def test_cells_add_and_come_from_per_cpu_records() -> None:
+    s = cell_of([2000, 9000], tail=1) + cell_of([1000], bytes=512)
+    assert (s.count, s.sum_ns, s.max_ns, s.min_ns) == (3, 12000, 9000, 1000)
+    assert (s.tail, s.bytes) == (1, 512)
+    assert (s + Cell(np.zeros(NB, np.uint64), 0, 0)).min_ns == 1000  # 0 is "none", not a min
+    fields = ("sum_ns", "max_ns", "tail", "min_ns")
+    cpus = np.zeros(3, [("buckets", np.uint64, NB)] + [(f, np.uint64) for f in fields])
+    for cpu, bucket, n, values in (
+        (0, 2, 1, (2000, 2000, 0, 2000)),
+        (2, 5, 2, (11000, 6000, 1, 5000)),
+    ):
+        cpus[cpu]["buckets"][bucket] = n
+        for f, v in zip(fields, values, strict=True):
+            cpus[cpu][f] = v
+    got = Cell.of_cpus(cpus)  # CPU 1 saw nothing: its min 0 is not the smallest
+    assert (got.count, got.sum_ns, got.max_ns, got.min_ns, got.tail) == (3, 13000, 6000, 2000, 1)
 
 
 def test_exact_counts_quantiles_are_values_that_occurred() -> None:

@@ -13,8 +13,9 @@ from test_io_table import FakeMap
 
 from meridian.cli import main
 from meridian.errors import UsageError
-from meridian.tools.io.table import NS, PidTable
-from meridian.tools.io.top import ENTER, LEAVE, check_terminal, fmt_ns, render, run_top
+from meridian.screen import ENTER, LEAVE
+from meridian.tools.io.pid_table import NS, PidTable
+from meridian.tools.io.top import check_terminal, fmt_ns, render, run_top
 
 
 def table_of(rates: dict[int, tuple[int, int, int]]) -> PidTable:

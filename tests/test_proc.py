@@ -1,10 +1,22 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from meridian.proc import dev_major, dev_minor, device_name, kernel_dev, parse_device, thread_slots
+from meridian.proc import (
+    ProcStat,
+    dev_major,
+    dev_minor,
+    device_name,
+    kernel_dev,
+    parse_device,
+    parse_stat,
+    proc_start,
+    proc_stat,
+    thread_slots,
+)
 
 
 @pytest.fixture
@@ -58,3 +70,48 @@ def test_thread_slots_cover_pid_max(tmp_path: Path, pid_max: str | None, slots: 
         (tmp_path / "sys/kernel").mkdir(parents=True)
         (tmp_path / "sys/kernel/pid_max").write_text(pid_max)
     assert thread_slots(tmp_path) == slots
+
+
+def stat_text(comm: str, start: int = 4242, code: int = 0x55AA0000, stack: int = 0x7FFD0000) -> str:
+    """A /proc/PID/stat line as the kernel writes it: field N is fields[N - 1]."""
+    fields = ["1234", f"({comm})", "S"] + ["0"] * 49
+    fields[21], fields[25], fields[27] = str(start), str(code), str(stack)
+    return " ".join(fields) + "\n"
+
+
+@pytest.mark.parametrize("comm", ["bash", "tmux: server", "a) b (c", ")", "x) 1 2 3 4 5 6 7 (", ""])
+def test_stat_comm_may_hold_spaces_and_parentheses(comm: str) -> None:
+    assert parse_stat(stat_text(comm).encode()) == ProcStat(4242, 0x55AA0000, 0x7FFD0000)
+
+
+def test_stat_without_code_and_stack_fields() -> None:
+    """An old or truncated line: the start time is enough."""
+    short = " ".join(stat_text("sh").split()[:22])
+    assert parse_stat(short.encode()) == ProcStat(4242, 0, 0)
+
+
+NOT_STAT = [
+    b"",
+    b"1234 (sh S 0 0",  # no end of the comm
+    b"1234 (sh) S 0 0",  # too few fields
+    b"1234 sh) S" + b" 0" * 30,  # no start of the comm
+    stat_text("sh").replace("4242", "x").encode(),  # a start time that is no number
+]
+
+
+@pytest.mark.parametrize("raw", NOT_STAT)
+def test_stat_that_is_not_one_is_none(raw: bytes) -> None:
+    assert parse_stat(raw) is None
+
+
+def test_proc_stat_reads_a_process_and_none_when_gone(tmp_path: Path) -> None:
+    (tmp_path / "77").mkdir()
+    (tmp_path / "77" / "stat").write_text(stat_text("my (odd) name", start=(1 << 32) + 5))
+    assert proc_stat(77, tmp_path) == ProcStat((1 << 32) + 5, 0x55AA0000, 0x7FFD0000)
+    assert proc_start(77, tmp_path) == 5  # the 32 bits io's kernel keys carry
+    assert proc_stat(78, tmp_path) is None and proc_start(78, tmp_path) is None
+
+
+def test_proc_stat_of_this_process() -> None:
+    stat = proc_stat(os.getpid())
+    assert stat is not None and stat.start > 0

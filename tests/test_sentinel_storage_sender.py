@@ -16,6 +16,8 @@ import pytest
 from sentinel_store import rollups, say_lines, wait_stored
 
 from meridian.tools.sentinel.storage import BatchInfo, BatchingSink, Reporter, StoreUnavailable
+from meridian.tools.sentinel.storage.sender import Sender
+from meridian.tools.sentinel.storage.spool import Spool
 
 
 class FakeStore:
@@ -184,3 +186,29 @@ def test_spool_outlives_the_agent(tmp_path: Path) -> None:
         assert store.flows() == list(range(150))
     finally:
         again.close()
+
+
+def test_a_store_that_is_down_is_tried_with_backoff_up_to_max_backoff(tmp_path: Path) -> None:
+    """Doubling from 0.25 s within the jitter (±20%) up to max_backoff, nothing tried
+    before it is due, and back to 0.25 s once the store answered."""
+    store = FakeStore()
+    store.down = True
+    clock = [100.0]
+    spool = Spool(tmp_path / "spool", 1 << 20)
+    sender = Sender(store, spool, Reporter(err=io.StringIO()), 2.0, lambda: clock[0])
+    for n in range(8):
+        clock[0] = sender.next_try
+        assert not sender.ensure_open()
+        nominal = min(0.25 * 2**n, 2.0)
+        wait = sender.next_try - clock[0]  # a difference of floats: 2.0 can be 2.0000...04
+        assert 0.8 * nominal - 1e-9 <= wait <= min(1.2 * nominal, 2.0) + 1e-9
+    opens = store.inserts
+    clock[0] = sender.next_try - 0.01
+    store.down = False
+    assert not sender.ensure_open()  # not due yet: not even tried
+    clock[0] += 0.01
+    assert sender.ensure_open() and sender.stats(0).flush_errors == 8
+    store.down = True
+    sender.send([(BatchInfo("flows", 1, 1, 0, 0), b"{}\n")], 0.0)  # fails: to the spool
+    assert 0.2 <= sender.next_try - clock[0] <= 0.3
+    assert store.inserts == opens + 1 and len(spool) == 1

@@ -30,6 +30,7 @@ import numpy as np
 __all__ = [
     "RELATIVE_ERROR",
     "SUB_BITS",
+    "Cell",
     "ExactCounts",
     "Hist",
     "Layout",
@@ -320,6 +321,75 @@ def interval_min_max(
     if prev_lo and lo >= prev_lo:
         lo = max(prev_lo, int(lay.lows[nz[0]]) * unit_ns)
     return lo, hi
+
+
+@dataclass
+class Cell:
+    """One histogram of a kernel map (one key; summed over CPUs for a per-CPU map), as
+    the latency tools and biolat keep it: log-linear buckets of the tool's unit, the
+    exact sum, the largest and smallest sample (min_ns 0: none), and counters that add
+    up with it: `tail` (samples at or above a latency tool's threshold) and `bytes`
+    (biolat's request bytes). Sum, max and min are in ns, or in the histogram's own
+    unit for what is not a time (biolat's queue depth, read with unit_ns 1)."""
+
+    buckets: U64
+    sum_ns: int
+    max_ns: int
+    tail: int = 0
+    min_ns: int = 0
+    bytes: int = 0
+
+    @classmethod
+    def of_cpus(cls, value: np.ndarray[Any, Any]) -> Cell:
+        """The cell of one per-CPU map value (one record per CPU)."""
+        names = value.dtype.names or ()
+        mins = value["min_ns"][value["min_ns"] > 0]
+        return cls(
+            value["buckets"].sum(axis=0, dtype=np.uint64),
+            int(value["sum_ns"].sum()),
+            int(value["max_ns"].max()),
+            int(value["tail"].sum()) if "tail" in names else 0,
+            int(mins.min()) if len(mins) else 0,
+        )
+
+    @property
+    def count(self) -> int:
+        return int(self.buckets.sum())
+
+    def hist(self, unit: str, unit_ns: int) -> Hist:
+        """The histogram in `unit` (samples / unit_ns), with its min and max."""
+        lo = self.min_ns / unit_ns if self.min_ns else None
+        hi = self.max_ns / unit_ns if self.count else None
+        return Hist.of_buckets(self.buckets, unit, lo, hi)
+
+    def since(self, prev: Cell, unit_ns: int) -> Cell:
+        """What was added after `prev` (cumulative, from the same key); its min and
+        max as `interval_min_max` bounds them."""
+        buckets = self.buckets - prev.buckets
+        if not buckets.any():
+            return Cell(buckets, 0, 0)
+        lo, hi = interval_min_max(
+            buckets, self.min_ns, self.max_ns, prev.min_ns, prev.max_ns, unit_ns
+        )
+        return Cell(
+            buckets,
+            self.sum_ns - prev.sum_ns,
+            hi,
+            self.tail - prev.tail,
+            lo,
+            self.bytes - prev.bytes,
+        )
+
+    def __add__(self, other: Cell) -> Cell:
+        mins = [m for m in (self.min_ns, other.min_ns) if m]
+        return Cell(
+            self.buckets + other.buckets,
+            self.sum_ns + other.sum_ns,
+            max(self.max_ns, other.max_ns),
+            self.tail + other.tail,
+            min(mins, default=0),
+            self.bytes + other.bytes,
+        )
 
 
 def _pick(f: Any, a: float | None, b: float | None) -> float | None:

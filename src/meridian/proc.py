@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "ProcStat",
     "comm_of",
     "dev_major",
     "dev_minor",
     "device_name",
     "kernel_dev",
     "parse_device",
+    "parse_stat",
+    "proc_start",
+    "proc_stat",
+    "start_wall_ns",
     "thread_slots",
 ]
 
@@ -78,20 +84,53 @@ def comm_of(pid: int, proc_root: str | Path = "/proc") -> str | None:
 CLOCK_TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
-def proc_start(pid: int, proc_root: str | Path = "/proc") -> int | None:
-    """A process's start time in clock ticks since boot (/proc/PID/stat field 22), the
-    value io's kernel keys carry (32 bits); None when there is no such process."""
+@dataclass(frozen=True)
+class ProcStat:
+    """What of /proc/PID/stat tells a process from the next one under its pid: the
+    start time in clock ticks since boot (field 22: pid reuse changes it), and where
+    its code and stack start (fields 26 and 28: an exec moves them; 0 when hidden)."""
+
+    start: int
+    start_code: int = 0
+    start_stack: int = 0
+
+
+def parse_stat(raw: bytes) -> ProcStat | None:
+    """The text of /proc/PID/stat parsed; None when it is not one. The comm (field 2,
+    in parentheses) may hold spaces and parentheses itself: it ends at the last ')'."""
+    head, paren, tail = raw.rpartition(b")")
+    fields = tail.split()  # field 3 (state) first: field N is fields[N - 3]
+    if not paren or b"(" not in head or len(fields) < 20:
+        return None
     try:
-        fd = os.open(f"{proc_root}/{pid}/stat", os.O_RDONLY)
+        start = int(fields[19])
+        code = int(fields[23]) if len(fields) > 23 else 0
+        stack = int(fields[25]) if len(fields) > 25 else 0
+    except ValueError:
+        return None
+    return ProcStat(start, code, stack)
+
+
+def proc_stat(pid: int, proc_root: str | Path = "/proc") -> ProcStat | None:
+    """/proc/PID/stat of a process, in one read(); None when there is no such process."""
+    try:
+        fd = os.open(os.path.join(proc_root, str(pid), "stat"), os.O_RDONLY)
     except OSError:
         return None
     try:
-        stat = os.read(fd, 4096)
-        return int(stat[stat.rindex(b")") + 2 :].split()[19]) & 0xFFFFFFFF
-    except (OSError, ValueError, IndexError):
+        raw = os.read(fd, 4096)
+    except OSError:
         return None
     finally:
         os.close(fd)
+    return parse_stat(raw)
+
+
+def proc_start(pid: int, proc_root: str | Path = "/proc") -> int | None:
+    """A process's start time in clock ticks since boot, as io's kernel keys carry it
+    (32 bits); None when there is no such process."""
+    stat = proc_stat(pid, proc_root)
+    return None if stat is None else stat.start & 0xFFFFFFFF
 
 
 def start_wall_ns(start_ticks: int) -> int:

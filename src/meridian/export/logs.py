@@ -5,11 +5,12 @@ thread over gRPC or HTTP/protobuf (transport.py).
 Nothing is lost silently. A full queue (the collector is slower than the events, or
 away) drops the new records and counts them; a request that fails with a retryable
 error stays at the head of the queue and is tried again with backoff (doubling from
-0.25 s up to 30 s), so a collector that goes away and comes back costs no records as
-long as the queue holds them; one that refuses a request for good (HTTP 400, gRPC
-INVALID_ARGUMENT) has its records counted as rejected. `close()` sends what is queued
-until a deadline, then counts what is left as unsent. `counts()` says all of it, for
-the tool's summary; a failure is said once on stderr when it first happens.
+0.25 s up to 30 s, with jitter: backoff.py), so a collector that goes away and comes
+back costs no records as long as the queue holds them; one that refuses a request for
+good (HTTP 400, gRPC INVALID_ARGUMENT) has its records counted as rejected. `close()`
+sends what is queued until a deadline, then counts what is left as unsent. `lost()`
+says all of it, for the tool's summary; a failure is said once on stderr when it
+first happens.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import TextIO
 import numpy as np
 
 from .. import __version__
+from ..backoff import Backoff
 from .otlp import resource_attrs
 from .transport import Endpoint, Sent, Transport
 from .wire import Column, LogEncoder
@@ -31,7 +33,7 @@ from .wire import Column, LogEncoder
 __all__ = ["MAX_QUEUE_RECORDS", "OtlpLogs"]
 
 MAX_QUEUE_RECORDS = 1 << 18  # ~170 MB of io records at most; past it, new ones drop
-BACKOFF_S = (0.25, 30.0)
+BACKOFF_S = (0.25, 30.0)  # the first retry's delay, the longest
 
 
 def _rejected(response: bytes) -> int:
@@ -86,6 +88,7 @@ class OtlpLogs:
         self._deadline: float | None = None  # set by close(): send until then
         self._closed = False
         self._closing = threading.Event()
+        self._backoff = Backoff(*BACKOFF_S)
         self._thread = threading.Thread(target=self._run, name="otlp-logs", daemon=True)
         self._thread.start()
 
@@ -125,7 +128,6 @@ class OtlpLogs:
             self.err.flush()
 
     def _run(self) -> None:
-        delay = BACKOFF_S[0]
         while True:
             with self._lock:
                 while not self._queue and not self._closed:
@@ -146,7 +148,7 @@ class OtlpLogs:
                     bad = min(_rejected(r.response), count)
                     self.sent += count - bad
                     self.rejected += bad
-                    delay = BACKOFF_S[0]
+                    self._backoff.reset()
                     continue
                 self.rejected += count
             self.failures += 1
@@ -159,8 +161,7 @@ class OtlpLogs:
                         return
                     time.sleep(min(0.2, left))
                     continue
-                self._closing.wait(delay)  # close() cuts it short
-                delay = min(delay * 2, BACKOFF_S[1])
+                self._closing.wait(self._backoff.failed())  # close() cuts it short
 
     def close(self, deadline: float | None = None) -> None:
         """Send what is queued until `deadline` (time.monotonic(); default 2 s from

@@ -13,8 +13,9 @@ an export that fails loses nothing, the next one carries the totals. Requests ca
 most `BATCH_POINTS` data points.
 
 An unreachable collector does not stop the tool: a failed export is counted, said once
-on stderr, and the next one waits longer (doubling up to a minute). `close(deadline)`
-exports once more within the deadline, and `summary()` says how many exports failed.
+on stderr, and the next one waits longer (doubling up to a minute, with jitter:
+backoff.py). `close(deadline)` exports once more within the deadline, and `summary()`
+says how many exports failed.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from .. import __version__
+from ..backoff import Backoff
 from ..errors import UsageError
 from .series import Family, HistPoint, Point, Source, log2_bounds
 from .transport import Endpoint, Transport
@@ -252,11 +254,16 @@ class OtlpMetrics:
             return not error
 
     def _loop(self) -> None:
-        """Export every interval, backing off (doubling up to a minute) while failing."""
+        """Export every interval; while failing, wait twice as long each time (from
+        two intervals up to a minute)."""
+        backoff = Backoff(2 * self.interval, MAX_BACKOFF_S)
         delay = self.interval
         while not self._stop.wait(delay):
-            ok = self.export_once()
-            delay = self.interval if ok else min(max(delay * 2, self.interval), MAX_BACKOFF_S)
+            if self.export_once():
+                backoff.reset()
+                delay = self.interval
+            else:
+                delay = backoff.failed()
 
     def close(self, deadline: float | None = None) -> None:
         """Stop, with one last export of the totals, given until `deadline`

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any, Generic, TypeVar
 
 from ..bpf import BpfObject, Strategy, choose
+from ..hist import Cell
 from ..proc import thread_slots
 from ..session import Session
-from .model import Cell, LatencyOptions
+from .model import LatencyOptions
 
 __all__ = ["LatencySession"]
 

@@ -4,7 +4,7 @@ the process attributes of a per-process key."""
 from __future__ import annotations
 
 from ..export import HistPoint
-from .model import Cell
+from ..hist import Cell
 
 __all__ = ["Attrs", "hist_point", "process_attrs"]
 

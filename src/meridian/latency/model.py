@@ -1,5 +1,5 @@
 """The model of a latency tool: its options, the histograms read from the kernel
-(`Cell`, one per key), snapshots and their differences, and summaries (merged
+(hist.Cell, one per key), snapshots and their differences, and summaries (merged
 histograms with their percentiles)."""
 
 from __future__ import annotations
@@ -8,12 +8,10 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
-import numpy as np
+from ..hist import Cell, Hist
+from ..report_loop import UNITS, ReportOptions
 
-from ..hist import Hist, interval_min_max
-from ..reporting import UNITS, ReportOptions
-
-__all__ = ["NSLOTS", "Cell", "LatencyOptions", "Snapshot", "Summary"]
+__all__ = ["NSLOTS", "LatencyOptions", "Snapshot", "Summary"]
 
 NSLOTS = 32  # log2 slots of a kernel histogram (MEMLAT_BUCKETS, RUNQLAT_BUCKETS: 2**32)
 
@@ -24,65 +22,6 @@ class LatencyOptions(ReportOptions):
 
     per_process: bool = False
     pid: int | None = None
-
-
-@dataclass
-class Cell:
-    """One histogram of the kernel map (one key), summed over CPUs: log-linear buckets
-    (hist.py) of the tool's unit, the exact sum, smallest and largest latency in ns
-    (min_ns 0: none), and the tail count."""
-
-    buckets: np.ndarray[Any, np.dtype[np.uint64]]
-    sum_ns: int
-    max_ns: int
-    tail: int = 0  # samples at or above the tool's tail threshold (0: it has none)
-    min_ns: int = 0
-
-    @classmethod
-    def of_cpus(cls, value: np.ndarray[Any, Any]) -> Cell:
-        """The cell of one per-CPU map value (one record per CPU)."""
-        names = value.dtype.names or ()
-        mins = value["min_ns"][value["min_ns"] > 0]
-        return cls(
-            value["buckets"].sum(axis=0, dtype=np.uint64),
-            int(value["sum_ns"].sum()),
-            int(value["max_ns"].max()),
-            int(value["tail"].sum()) if "tail" in names else 0,
-            int(mins.min()) if len(mins) else 0,
-        )
-
-    @property
-    def count(self) -> int:
-        return int(self.buckets.sum())
-
-    def hist(self, unit: str, unit_ns: int) -> Hist:
-        """The histogram in the tool's unit, with its min and max."""
-        lo = self.min_ns / unit_ns if self.min_ns else None
-        hi = self.max_ns / unit_ns if self.count else None
-        return Hist.of_buckets(self.buckets, unit, lo, hi)
-
-    def since(self, prev: Cell, unit_ns: int) -> Cell:
-        """What was added after `prev` (cumulative, from the same key). The kernel
-        keeps the smallest and largest latency since attach: when one moved, the new one
-        happened in this interval (exact); otherwise the interval's lies between the old
-        one and the edge of its lowest (highest) non-empty bucket (a bound)."""
-        buckets = self.buckets - prev.buckets
-        if not buckets.any():
-            return Cell(buckets, 0, 0, 0, 0)
-        lo, hi = interval_min_max(
-            buckets, self.min_ns, self.max_ns, prev.min_ns, prev.max_ns, unit_ns
-        )
-        return Cell(buckets, self.sum_ns - prev.sum_ns, hi, self.tail - prev.tail, lo)
-
-    def __add__(self, other: Cell) -> Cell:
-        mins = [m for m in (self.min_ns, other.min_ns) if m]
-        return Cell(
-            self.buckets + other.buckets,
-            self.sum_ns + other.sum_ns,
-            max(self.max_ns, other.max_ns),
-            self.tail + other.tail,
-            min(mins, default=0),
-        )
 
 
 K = TypeVar("K", bound=tuple[Any, ...])  # a tool's histogram key, pid first
@@ -147,7 +86,7 @@ class Summary:
 
     @classmethod
     def of(cls: type[T], cells: Iterable[Cell], unit: str) -> T:
-        """The cells merged, in `unit` (one of reporting.UNITS)."""
+        """The cells merged, in `unit` (one of report_loop.UNITS)."""
         cells = list(cells)
         unit_ns = _UNIT_NS[unit]
         hist = Hist.merge((c.hist(unit, unit_ns) for c in cells), NSLOTS, unit)

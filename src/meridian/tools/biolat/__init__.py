@@ -4,7 +4,7 @@ sizes, queue depth and slow requests (seed 004 and its four exercises).
 The kernel counts everything in one hash map keyed by (device, op, kind, size slot);
 every view here is a sum over it.
 
-  model.py     options, cells, snapshots, and the sums over them (rows per disk and op)
+  model.py     options, snapshots (of hist.Cell), the sums over them (rows per disk, op)
   kernel.py    the session: strategies, extra hooks, the map and ring buffer reads
   views.py     text and JSON reports
   records.py   the slow-request records (--slow)

@@ -11,9 +11,10 @@ import numpy as np
 
 from ...bpf import BpfObject, RingBuffer, Strategy, choose, hook_exists
 from ...export import Family
+from ...hist import Cell
 from ...session import Session
 from .metrics import series
-from .model import Cell, Options, Snapshot
+from .model import Options, Snapshot
 
 __all__ = ["STRATEGIES", "Biolat"]
 
@@ -81,10 +82,10 @@ class Biolat(Session):
         cells = {
             (int(k["dev"]), int(k["op"]), int(k["kind"]), int(k["size_slot"])): Cell(
                 v["buckets"].astype(np.uint64),
-                int(v["sum"]),
-                int(v["max"]),
-                int(v["bytes"]),
-                int(v["min"]),
+                sum_ns=int(v["sum"]),
+                max_ns=int(v["max"]),
+                min_ns=int(v["min"]),
+                bytes=int(v["bytes"]),
             )
             for k, v in zip(keys, vals, strict=True)
         }

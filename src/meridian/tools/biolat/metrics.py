@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...export import Family, HistPoint, Point
-from ...reporting import duration_family
+from ...report_loop import duration_family
 from .model import (
     INFO_COUNTERS,
     KIND_LATENCY,
@@ -40,9 +40,9 @@ def series(snap: Snapshot, opts: Options) -> list[Family]:
                 "disk.io.direction": op_name(op),
             }
             h = merged(cells, opts.unit, opts.unit_ns)
-            total = sum(c.sum for _, c in cells)
-            top = max(c.max for _, c in cells)
-            low = min((c.min for _, c in cells if c.min), default=0)
+            total = sum(c.sum_ns for _, c in cells)
+            top = max(c.max_ns for _, c in cells)
+            low = min((c.min_ns for _, c in cells if c.min_ns), default=0)
             fam.points.append(
                 HistPoint(
                     a, h.slots, opts.unit_ns * 1e-9, total / 1e9, top / 1e9, low / 1e9 or None

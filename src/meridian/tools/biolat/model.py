@@ -9,11 +9,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from ... import proc
-from ...hist import ExactCounts, Hist, interval_min_max
-from ...reporting import ReportOptions
+from ...hist import Cell, ExactCounts, Hist
+from ...report_loop import ReportOptions
 
 __all__ = [
     "INFO_COUNTERS",
@@ -21,7 +19,6 @@ __all__ = [
     "KIND_LATENCY",
     "KIND_QUEUE",
     "OPS",
-    "Cell",
     "Groups",
     "Key",
     "Options",
@@ -56,39 +53,6 @@ class Options(ReportOptions):
     @property
     def unit_ns(self) -> int:
         return 1_000_000 if self.millis else 1000
-
-
-@dataclass
-class Cell:
-    """One histogram of the kernel map (one device, op, kind and size slot): log-linear
-    buckets (hist.py) of the unit (usecs, msecs or depth), the sum, smallest and largest
-    sample (latency in ns, or depth; min 0: none) and bytes."""
-
-    buckets: np.ndarray[Any, np.dtype[np.uint64]]
-    sum: int
-    max: int
-    bytes: int
-    min: int = 0
-
-    @property
-    def count(self) -> int:
-        return int(self.buckets.sum())
-
-    def hist(self, unit: str, unit_ns: int) -> Hist:
-        """The histogram in `unit` (samples / unit_ns), with its min and max."""
-        lo = self.min / unit_ns if self.min else None
-        hi = self.max / unit_ns if self.count else None
-        return Hist.of_buckets(self.buckets, unit, lo, hi)
-
-    def since(self, prev: Cell, unit_ns: int) -> Cell:
-        """What was added after `prev`. The kernel keeps min and max since attach: when
-        one moved, the new one is this interval's (exact); otherwise the interval's lies
-        between it and the edge of the lowest (highest) non-empty bucket (a bound)."""
-        buckets = self.buckets - prev.buckets
-        if not buckets.any():
-            return Cell(buckets, 0, 0, 0)
-        lo, hi = interval_min_max(buckets, self.min, self.max, prev.min, prev.max, unit_ns)
-        return Cell(buckets, self.sum - prev.sum, hi, self.bytes - prev.bytes, lo)
 
 
 Key = tuple[int, int, int, int]  # dev, op, kind, size slot
@@ -202,7 +166,7 @@ def device_rows(snap: Snapshot, opts: Options) -> list[Row]:
                 sum(c.count for _, c in cells),
                 sum(c.bytes for _, c in cells),
                 snap.seconds,
-                sum(c.sum for _, c in cells),
+                sum(c.sum_ns for _, c in cells),
                 merged(cells, opts.unit, opts.unit_ns),
                 opts.unit_ns,
             )
@@ -222,8 +186,8 @@ def depth_rows(snap: Snapshot) -> dict[int, dict[str, Any]]:
         n = h.total
         out[dev] = {
             "inflight": snap.inflight.get(dev, 0),
-            "max": max(c.max for c in cells),
-            "avg": round(sum(c.sum for c in cells) / n, 3) if n else 0.0,
+            "max": max(c.max_ns for c in cells),  # depths, not ns: read with unit_ns 1
+            "avg": round(sum(c.sum_ns for c in cells) / n, 3) if n else 0.0,
             "hist": h,
         }
     return out

@@ -45,7 +45,7 @@ def report_json(snap: Snapshot, opts: Options) -> dict[str, Any]:
                 "size_low": slot_bounds(slot)[0],
                 "size_high": slot_bounds(slot)[1],
                 "count": c.count,
-                "latency_avg_ns": c.sum // c.count,
+                "latency_avg_ns": c.sum_ns // c.count,
                 "latency": c.hist(opts.unit, opts.unit_ns).to_json(),
             }
             for slot, c in cells
@@ -129,7 +129,7 @@ def _sizes_text(snap: Snapshot, groups: Groups, opts: Options, out: TextIO) -> N
                 [
                     fmt_bytes(slot_bounds(slot)[0]),
                     str(c.count),
-                    f"{c.sum / c.count / opts.unit_ns:.1f}",
+                    f"{c.sum_ns / c.count / opts.unit_ns:.1f}",
                     f"{h.percentile(0.5):.0f}",
                     f"{h.percentile(0.99):.0f}",
                 ]

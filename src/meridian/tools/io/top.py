@@ -1,7 +1,7 @@
 """`meridian io --top`: a live, iotop-like table of processes, redrawn every interval.
 
-Plain ANSI (alternate screen, cursor home, erase to end of line): no TUI library.
-Every number comes from the PID table (`table.py`), so from the exact kernel
+Drawn on meridian/screen.py's live screen (plain ANSI, no TUI library).
+Every number comes from the PID table (`pid_table.py`), so from the exact kernel
 aggregates: throughput over the last interval, operations in it, that interval's
 latency percentiles and cache hit ratio. Ctrl-C (or --duration) restores the screen
 and prints the usual per-PID summary.
@@ -9,7 +9,6 @@ and prints the usual per-PID summary.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -17,17 +16,13 @@ from typing import Any, TextIO
 from ...errors import UsageError
 from ...hist import Hist
 from ...output import fmt_bytes
+from ...screen import Screen, frame
 from .model import empty_hist
-from .table import PidTable, Row
+from .pid_table import PidTable, Row
 
 __all__ = ["SORTS", "check_terminal", "fmt_ns", "render", "run_top", "sort_rows"]
 
 SORTS = ("bytes", "latency", "ops")
-ENTER = "\x1b[?1049h\x1b[?25l"  # alternate screen, cursor hidden
-LEAVE = "\x1b[?25h\x1b[?1049l"  # cursor shown, main screen back
-HOME = "\x1b[H"
-EOL = "\x1b[K"  # erase to the end of the line
-EOS = "\x1b[J"  # erase below
 HEADER = ("PID", "COMM", "R/s", "W/s", "R OPS", "W OPS", "P50", "P99", "HIT%")
 WIDTHS = (7, 15, 8, 8, 7, 7, 7, 7, 6)  # 80 columns with the spaces
 
@@ -115,8 +110,7 @@ def render(
         _line(list(HEADER)),
     ]
     body = [_line(_cells(r)) for r in rows][: max(0, lines - len(head) - 1)]
-    text = [x[:cols] + EOL for x in head + body]
-    return HOME + "\n".join(text) + "\n" + EOS
+    return frame(head + body, cols)
 
 
 def check_terminal(out: TextIO) -> None:
@@ -138,23 +132,18 @@ def run_top(
     check_terminal(out)
     start = time.monotonic()
     end = start + opts.duration if opts.duration else None
-    out.write(ENTER)
-    try:
-        while True:
-            keys, vals = tool.stats()
-            retire(table.update(keys, vals, time.monotonic_ns()))
-            size = shutil.get_terminal_size()
-            rows = table.rows(opts.max_series)
-            lost = tool.counters()
-            out.write(render(rows, opts.sort, opts.interval, lost, (size.columns, size.lines)))
-            out.flush()
-            now = time.monotonic()
-            if end is not None and now >= end:
-                break
-            wait = opts.interval if end is None else min(opts.interval, end - now)
-            time.sleep(max(wait, 0.0))
-    except KeyboardInterrupt:
-        pass
-    finally:
-        out.write(LEAVE)
-        out.flush()
+    with Screen(out) as screen:
+        try:
+            while True:
+                keys, vals = tool.stats()
+                retire(table.update(keys, vals, time.monotonic_ns()))
+                rows = table.rows(opts.max_series)
+                lost = tool.counters()
+                screen.draw(render(rows, opts.sort, opts.interval, lost, screen.size()))
+                now = time.monotonic()
+                if end is not None and now >= end:
+                    break
+                wait = opts.interval if end is None else min(opts.interval, end - now)
+                time.sleep(max(wait, 0.0))
+        except KeyboardInterrupt:
+            pass

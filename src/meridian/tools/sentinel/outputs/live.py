@@ -4,18 +4,17 @@ with their hottest functions and stacks), and one JSON object per flush window.
 
 Everything here is a pure function of aggregator rollups and a `Names` lookup (flow
 5-tuples, function names, stack frames), so it is tested without a kernel or a
-runtime. Plain ANSI, no TUI library; the escape codes are io_top's (a tool does not
-import another tool).
+runtime. The live table is drawn on meridian/screen.py's live screen.
 """
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from ....output import dumps, fmt_scaled, print_table
+from ....screen import Screen, frame, terminal_size
 from ..model.window import (
     FlowStat,
     Names,
@@ -28,8 +27,6 @@ from ..model.window import (
 )
 
 __all__ = [
-    "ENTER",
-    "LEAVE",
     "JsonView",
     "LiveView",
     "render_live",
@@ -38,11 +35,6 @@ __all__ = [
     "window_json",
 ]
 
-ENTER = "\x1b[?1049h\x1b[?25l"  # alternate screen, cursor hidden
-LEAVE = "\x1b[?25h\x1b[?1049l"  # cursor shown, main screen back
-HOME = "\x1b[H"
-EOL = "\x1b[K"  # erase to the end of the line
-EOS = "\x1b[J"  # erase below
 LIVE_HEADER = ("FLOW", "DIR", "EVENT", "SAMPLES", "NORM COST", "HOTTEST FUNCTION")
 
 
@@ -106,8 +98,7 @@ def render_live(
     body = [_line(LIVE_HEADER, w)] + [_line(r, w) for r in rows]
     if not rows:
         body.append("(no samples in this window)")
-    text = [x[:cols] + EOL for x in head + body]
-    return HOME + "\n".join(text) + "\n" + EOS
+    return frame(head + body, cols)
 
 
 def _flow_fields(flow_id: int, names: Names) -> dict[str, Any]:
@@ -243,11 +234,6 @@ def render_summary(
         print(f"dropped: {dropped}", file=out)
 
 
-def _terminal_size() -> tuple[int, int]:
-    size = shutil.get_terminal_size()
-    return size.columns, size.lines
-
-
 class LiveView:
     """The live table on a terminal: alternate screen, redrawn every window."""
 
@@ -255,29 +241,22 @@ class LiveView:
         self,
         out: TextIO,
         names: Names,
-        size: Callable[[], tuple[int, int]] | None = None,
+        size: Callable[[], tuple[int, int]] = terminal_size,
     ) -> None:
-        self.out = out
+        self.screen = Screen(out, size)
         self.names = names
-        self.size = size or _terminal_size
-        self.entered = False
 
     def start(self) -> None:
-        self.out.write(ENTER)
-        self.out.flush()
-        self.entered = True
+        self.screen.enter()
 
     def on_window(self, window: Window) -> None:
-        if not self.entered or window.final:
+        if not self.screen.entered or window.final:
             return
-        self.out.write(render_live(window.stats, window.info, self.names, self.size()))
-        self.out.flush()
+        size = self.screen.size()
+        self.screen.draw(render_live(window.stats, window.info, self.names, size))
 
     def close(self) -> None:
-        if self.entered:
-            self.entered = False
-            self.out.write(LEAVE)
-            self.out.flush()
+        self.screen.leave()
 
 
 class JsonView:

@@ -2,10 +2,11 @@
 spool when it refuses or cannot be reached, and the spool goes out oldest first when
 it answers again. New batches queue behind the spool, so rows arrive in order.
 
-A store that fails is tried again with exponential backoff (with jitter, up to
-`max_backoff`). Every failed insert or reconnect counts in `flush_errors`; rows are
-lost only when the spool is full or cannot be written, and then they are counted
-(`dropped_rows`). What goes wrong is said on stderr at most once a minute per kind.
+A store that fails is tried again with exponential backoff (from 0.25 s, with jitter,
+up to `max_backoff`: meridian/backoff.py). Every failed insert or reconnect counts in
+`flush_errors`; rows are lost only when the spool is full or cannot be written, and
+then they are counted (`dropped_rows`). What goes wrong is said on stderr at most once
+a minute per kind.
 
 Exactly once: each batch carries a random `batch_id` in its rows. An insert whose
 answer was lost (connection broken after the rows went out) is not sent again blindly:
@@ -14,12 +15,12 @@ the batch is looked for first, and sent only when the store does not hold it.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ....backoff import Backoff
 from .backend import Backend, BatchInfo, StoreUnavailable
 from .report import Reporter
 from .schema import TABLES
@@ -73,11 +74,10 @@ class Sender:
         self.backend = backend
         self.spool = spool
         self.reporter = reporter
-        self.max_backoff = float(max_backoff)
         self.clock = clock
         self.connected = False
         self.next_try = 0.0  # no reconnect before this time (of `clock`)
-        self._backoff = 0.0
+        self._backoff = Backoff(0.25, float(max_backoff))
         self._was_down = False
         self._rejects: dict[int, int] = {}  # batch id -> times the store rejected it
 
@@ -120,7 +120,7 @@ class Sender:
             self._failed(exc)
             return False
         self.connected = True
-        self._backoff = 0.0
+        self._backoff.reset()
         if self._was_down:
             self._was_down = False
             self.reporter.say(
@@ -178,8 +178,10 @@ class Sender:
                 self._rejected(entry, exc)
             return False
         self._rejects.pop(info.batch_id, None)
-        self.spool.pop(entry)
+        # counted before it leaves the spool: flush() is done once the spool is empty,
+        # and the counts must say so by then
         self._stored(info, info.rows)
+        self.spool.pop(entry)
         return True
 
     def _rejected(self, entry: Spooled, exc: StoreUnavailable) -> None:
@@ -207,9 +209,7 @@ class Sender:
         """A failed insert or reconnect: counted, said once a minute, backed off."""
         self.connected = False
         self._was_down = True
-        base = 0.25 if self._backoff == 0 else min(self._backoff * 2, self.max_backoff)
-        self._backoff = base
-        self.next_try = self.clock() + base * random.uniform(0.8, 1.2)
+        self.next_try = self.clock() + self._backoff.failed()
         with self._mu:
             self._flush_errors += 1
         spool = f"; rows wait in the spool {self.spool.dir}, retrying with backoff"

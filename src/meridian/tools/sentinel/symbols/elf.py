@@ -221,6 +221,11 @@ class ElfSymbols:
         raw = self._strtab[self._name_at[i] : self._name_end[i]]
         return raw.decode("utf-8", "replace"), vaddr - self._starts[i]
 
+    @property
+    def lines_pending(self) -> bool:
+        """The next line() decodes the line table first (seconds for a big binary)."""
+        return self._lines is None and self._line_path is not None
+
     def line(self, vaddr: int) -> tuple[str, int]:
         """(source file, line) of vaddr from DWARF, ("", 0) when not cheaply known."""
         if self._line_path is None:

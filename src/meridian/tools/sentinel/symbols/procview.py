@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ....proc import proc_stat
 from .perfmap import JitRegion, PerfMapFile
 from .symcache import Lru
 
@@ -125,31 +126,18 @@ class ProcessViews:
     def pop(self, pid: int) -> Process | None:
         return self._procs.pop(pid)
 
-    def candidates(self, pid: int, m: Mapping) -> list[str]:
-        """Where a mapping's file opens: through the process's root (containers),
-        else by its path; a deleted file through map_files."""
-        base = self.proc_root / str(pid)
-        if m.path.endswith(" (deleted)"):
-            return [str(base / "map_files" / f"{m.start:x}-{m.end:x}")]
-        return [str(base / "root") + m.path, m.path]
-
     def identity(self, pid: int) -> Identity | None:
         """(start time, start of code, start of stack, exe) or None when pid is gone.
         The start time changes when the pid is reused; exec keeps it but moves the
         code and stack (and usually the exe)."""
-        try:
-            raw = (self.proc_root / str(pid) / "stat").read_bytes()
-            fields = raw[raw.rindex(b")") + 2 :].split()
-            start = int(fields[19])
-        except (OSError, ValueError, IndexError):
+        stat = proc_stat(pid, self.proc_root)
+        if stat is None:
             return None
-        code = int(fields[23]) if len(fields) > 23 else 0
-        stack = int(fields[25]) if len(fields) > 25 else 0
         try:
             exe = os.readlink(self.proc_root / str(pid) / "exe")
         except OSError:
             exe = ""
-        return start, code, stack, exe
+        return stat.start, stat.start_code, stat.start_stack, exe
 
     def load(self, pid: int, now: float) -> Process:
         ident = self.identity(pid)

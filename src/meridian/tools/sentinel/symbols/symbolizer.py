@@ -5,13 +5,15 @@ Where an address comes from, in the order tried:
 - kernel (upper half): /proc/kallsyms (kallsyms.py); "[kernel]" when hidden;
 - JIT regions registered through the API (`register_jit`);
 - the process's file-backed mappings in /proc/PID/maps, then the file's ELF symbols
-  (elf.py): `ip - start + pgoff` is a file offset, its PT_LOAD gives the address;
+  (elf.py, cached per file by binaries.py): `ip - start + pgoff` is a file offset,
+  its PT_LOAD gives the address;
 - for anonymous memory, the JIT's perf map `PERF_MAP_DIR/perf-PID.map` (perfmap.py).
 
 Nothing raises for an address it cannot name: the frame says "[unknown]" (with the
 binary and offset when the mapping is known). Caches are bounded LRUs: a view per
-process (procview.py), a symbol table per binary, frames keyed by (pid, view, ip) so
-that a replaced view's frames age out (symcache.py). `forget(pid)` drops a process.
+process (procview.py), a symbol table per binary (binaries.py), frames keyed by (pid,
+view, ip) so that a replaced view's frames age out (symcache.py). `forget(pid)` drops
+a process.
 Cheap mode (`function_ids`/`stack_id` with cheap=True) answers only from what is
 loaded; what needs a slow read is "unresolved" until `warm()` (a background thread)
 has read it: the agent's consumer must keep up.
@@ -30,10 +32,10 @@ from pathlib import Path
 from ..model.dataobjects import DataObject, DataObjects
 from ..model.frames import JIT, KERNEL, UNKNOWN, Frame
 from . import elf
-from .elf import ElfSymbols
+from .binaries import Binaries
 from .kallsyms import KERNEL_START, KernelSymbols, is_kernel
 from .perfmap import JitRegion, JitRegions
-from .procview import Mapping, Process, ProcessViews
+from .procview import Process, ProcessViews
 from .symcache import Interner, Lru
 
 # Above the highest user address any 64-bit Linux hands out (x86-64 with 5-level
@@ -83,7 +85,6 @@ class Symbolizer:
         self.recheck_s = recheck_s
         self.grace_s = grace_s
         self.kernel_reload_s = kernel_reload_s
-        self.debug_root = debug_root
         self.clock = clock
         self._lock = threading.RLock()
         self._kernel = KernelSymbols(kallsyms)
@@ -92,8 +93,7 @@ class Symbolizer:
         # (pid, view gen, ip) -> frame; kernel frames under pid -1 and _kernel_gen.
         self._frames: Lru[tuple[int, int, int], Frame] = Lru(max_frames)
         self._views = ProcessViews(self.proc_root, max_processes, recheck_s, grace_s, clock)
-        # Keyed by the file's (dev, inode, size, mtime), or ("jit", pid, start, seq).
-        self._binaries: Lru[tuple[object, ...], ElfSymbols] = Lru(max_binaries)
+        self._binaries = Binaries(self.proc_root, max_binaries, debug_root, self._costly)
         self._jit: Lru[int, JitRegions] = Lru(max_processes)
         self._functions: Interner[tuple[str, str]] = Interner(max_functions)
         self._stacks: Interner[tuple[Frame, ...]] = Interner(max_stacks)
@@ -426,63 +426,21 @@ class Symbolizer:
                 return proc, Frame("", UNKNOWN, "", 0, ip, 0)
             return proc, Frame(m.path or "[anon]", UNKNOWN, "", 0, ip, ip - m.start)
         file_offset = ip - m.start + m.pgoff
-        table = self._binary(pid, m)
+        table = self._binaries.of_mapping(pid, m)
         vaddr = table.vaddr(file_offset) if table is not None else None
         if table is None or vaddr is None:
             return proc, Frame(m.path, UNKNOWN, "", 0, ip, file_offset)
-        hit = table.lookup(vaddr)
-        if hit is None:
-            return proc, Frame(m.path, UNKNOWN, "", 0, ip, vaddr)
-        if lines and table._lines is None and table._line_path is not None:
-            self._costly()  # the binary's line table is decoded the first time
-        source, line = table.line(vaddr) if lines else ("", 0)
-        return proc, Frame(m.path, hit[0], source, line, ip, hit[1])
-
-    def _binary(self, pid: int, m: Mapping) -> ElfSymbols | None:
-        """The symbol table of a mapping's file, opened through the process's root (so
-        containers resolve), else by its path; None when neither opens."""
-        if not m.resolved:
-            self._costly()
-            m.resolved = True
-            for path in self._views.candidates(pid, m):
-                try:
-                    st = os.stat(path)
-                except OSError:
-                    continue
-                m.binary = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-                if self._binaries.get(m.binary) is None:
-                    self._binaries.put(m.binary, ElfSymbols.load(path, self.debug_root))
-                break
-        if m.binary is None:
-            return None
-        table = self._binaries.get(m.binary)
-        if table is None:  # evicted since: read it again
-            self._costly()
-            for path in self._views.candidates(pid, m):
-                if os.path.exists(path):
-                    table = ElfSymbols.load(path, self.debug_root)
-                    self._binaries.put(m.binary, table)
-                    break
-        return table
+        return proc, self._binaries.frame(m.path, table, ip, vaddr, lines)
 
     def _jit_frame(self, pid: int, ip: int, region: JitRegion, lines: bool = True) -> Frame:
+        """A registered region's frame: from the ELF image at its path, else the
+        region itself is the function."""
         path = region.name
         if path.startswith("/"):
-            key = ("jit", pid, region.start, region.seq)
-            table = self._binaries.get(key)
-            if table is None:
-                self._costly()
-                table = ElfSymbols.load(path, None)
-                self._binaries.put(key, table)
+            table = self._binaries.of_jit(pid, region)
             if table.ok:
                 vaddr = ip - region.start + table.base
-                hit = table.lookup(vaddr)
-                if hit is not None:
-                    if lines and table._lines is None and table._line_path is not None:
-                        self._costly()
-                    source, line = table.line(vaddr) if lines else ("", 0)
-                    return Frame(path, hit[0], source, line, ip, hit[1])
-                return Frame(path, UNKNOWN, "", 0, ip, vaddr)
+                return self._binaries.frame(path, table, ip, vaddr, lines)
         return Frame(JIT, path, "", 0, ip, ip - region.start)
 
     def _kernel_frame(self, ip: int) -> Frame:
