@@ -161,7 +161,7 @@ def formatter_rate(n: int = 1_000_000) -> dict[str, Any]:
     """The formatter alone, in this process, on mixed events made chunk by chunk."""
     sys.path.insert(0, str(ROOT / "src"))
     from meridian.bpf import BpfObject, object_path
-    from meridian.tools.io.events import EventFormatter
+    from meridian.tools.io.event_format import EventFormatter
 
     with BpfObject(object_path("io")) as obj:
         assert obj.btf is not None

@@ -147,7 +147,7 @@ def direct_path(url: str, chunks: list[tuple[np.ndarray[Any, Any], str]], n: int
 
 
 def main(n: int, rounds: int) -> None:
-    from meridian.tools.io.events import CHUNK, EventFormatter
+    from meridian.tools.io.event_format import CHUNK, EventFormatter
 
     ev = events(n)
     fmt = EventFormatter(proc_root="/nonexistent")

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from syscalls_bench import MERIDIAN, build  # noqa: E402
 
-from meridian.tools.syscalls.raw import dtype_from_json, frames  # noqa: E402
+from meridian.tools.syscalls.ring_records import dtype_from_json, frames  # noqa: E402
 
 RATE_C = r"""
 int main(int argc, char **argv)

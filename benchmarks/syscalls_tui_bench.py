@@ -23,7 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from meridian.tools.syscalls.record import Syscall  # noqa: E402
+from meridian.tools.syscalls.event import Syscall  # noqa: E402
 from meridian.tools.syscalls.tui import SyscallsApp  # noqa: E402
 from meridian.tools.syscalls.tui_table import CallTable  # noqa: E402
 

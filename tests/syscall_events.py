@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from meridian.tools.syscalls.log import Log
-from meridian.tools.syscalls.record import Syscall
+from meridian.tools.syscalls.event import Syscall
+from meridian.tools.syscalls.full_log import Log
 
 T0 = 1_700_000_000_000_000_000  # 2023-11-14 22:13:20 UTC
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import subprocess
 import sys
 
 import pytest
+
+from meridian.cli import build_parser
+from meridian.errors import UsageError
+from meridian.flags import pid_list, running_pids, seconds
 
 
 def meridian(*args: str) -> subprocess.CompletedProcess[str]:
@@ -32,7 +38,7 @@ def one_line_exit_2(p: subprocess.CompletedProcess[str], needle: str) -> None:
         (["biolat", "--slow", "fast"], "--slow takes milliseconds as a number"),
         (["biolat", "--slow", "-3"], "--slow must be 0 or more"),
         (["biolat", "-d", "nosuchdisk0"], "no block device 'nosuchdisk0'"),
-        (["biolat", "--duration", "0"], "--duration must be greater than 0"),
+        (["biolat", "--duration", "0"], "argument --duration: must be greater than 0"),
         (["biolat", "--bogus"], "unrecognized arguments"),
         (["nosuchtool"], "invalid choice"),
     ],
@@ -46,3 +52,60 @@ def test_help_ends_with_examples() -> None:
     assert p.returncode == 0
     assert "examples:" in p.stdout
     assert p.stdout.rstrip().splitlines()[-1].strip().startswith("meridian biolat")
+
+
+# The flags every tool adds through meridian/flags.py: one spelling, type and check.
+PID_TOOLS = ["io", "memlat", "runqlat", "syscalls", "sentinel"]
+
+
+@pytest.mark.parametrize("tool", [*PID_TOOLS, "biolat"])
+def test_common_flags_parse_the_same_in_every_tool(tool: str) -> None:
+    pid = [] if tool == "biolat" else ["-p", "7"]
+    args = build_parser().parse_args([tool, *pid, "--duration", "1.5"])
+    assert args.duration == 1.5
+    assert getattr(args, "pid", None) == (None if tool == "biolat" else [7])
+    if tool == "sentinel":
+        assert args.json is None  # not given: the YAML file's value stands
+    elif tool != "io":
+        assert build_parser().parse_args([tool, "--json"]).json is True
+
+
+@pytest.mark.parametrize("tool", PID_TOOLS)
+def test_pid_repeats_and_takes_lists(tool: str) -> None:
+    assert build_parser().parse_args([tool, "-p", "1,2", "--pid", "3"]).pid == [1, 2, 3]
+    assert build_parser().parse_args([tool]).pid is None
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ([tool, "-p", bad], "argument -p/--pid: takes a process ID")
+        for tool in PID_TOOLS
+        for bad in ("abc", "0", "-5", "1,x")
+    ]
+    + [
+        ([tool, "--duration", bad], f"argument --duration: {why}")
+        for tool in [*PID_TOOLS, "biolat"]
+        for bad, why in (("0", "must be greater than 0"), ("soon", "takes seconds"))
+    ],
+)
+def test_common_flags_refuse_bad_values(args: list[str], needle: str) -> None:
+    one_line_exit_2(meridian(*args), needle)
+
+
+def test_flag_values() -> None:
+    assert pid_list("12") == [12] and pid_list("1, 2") == [1, 2]
+    assert seconds("2") == 2.0 and seconds("250ms") == 0.25 and seconds("1m") == 60.0
+    for bad in ("", "1,", "2.5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            pid_list(bad)
+    for bad in ("-1", "0", "x", "9" * 400):
+        with pytest.raises(argparse.ArgumentTypeError):
+            seconds(bad)
+
+
+def test_running_pids() -> None:
+    assert running_pids(None) == []
+    assert running_pids([os.getpid()]) == [os.getpid()]
+    with pytest.raises(UsageError, match="no process with PID 999999999"):
+        running_pids([999999999])

@@ -21,7 +21,7 @@ from children import reap, wait_attached
 from conftest import LoopDevice
 from otlp_receiver import Received, grpc_receiver, http_receiver
 
-from meridian.reporting import stop_child
+from meridian.report_loop import stop_child
 
 pytestmark = pytest.mark.kernel
 

@@ -28,7 +28,7 @@ from meridian.export.prometheus import PrometheusServer, SeriesCollector
 from meridian.export.series import Family
 from meridian.export.wire import MAX_REQUEST_BYTES, LogEncoder
 from meridian.hist import Log2Hist
-from meridian.tools.io.events import EventFormatter
+from meridian.tools.io.event_format import EventFormatter
 from meridian.tools.io.logs import IoLogs
 from meridian.tools.io.metrics import io_series
 from meridian.tools.io.model import OpStats, PidSummary

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from meridian.bpf import BpfObject, object_path
+from meridian.cli import build_parser
 from meridian.errors import UsageError
-from meridian.tools.io import events as io_format
-from meridian.tools.io.cli import parse_pids
-from meridian.tools.io.events import CHUNK, EventFormatter
+from meridian.tools.io import event_format as io_format
+from meridian.tools.io.cli import options_from_args
+from meridian.tools.io.event_format import CHUNK, EventFormatter
 from meridian.tools.io.model import summarize
 
 if not object_path("io").exists():
@@ -104,17 +105,13 @@ def test_summarize_sums_cpus_and_splits_op_and_cached() -> None:
     assert "write" not in d
 
 
-@pytest.mark.parametrize(
-    ("value", "needle"),
-    [("abc", "process ID"), ("-3", "process ID"), ("0", "process ID"), ("999999999", "no process")],
-)
-def test_bad_pids(value: str, needle: str) -> None:
-    with pytest.raises(UsageError, match=needle):
-        parse_pids([value])
-
-
-def test_existing_pid() -> None:
-    assert parse_pids([str(os.getpid())]) == [os.getpid()]
+def test_pids_must_run() -> None:
+    """-p is parsed by the common flag (tests/test_cli.py); io takes running processes."""
+    mine = build_parser().parse_args(["io", "-p", str(os.getpid())])
+    assert options_from_args(mine).pids == [os.getpid()]
+    gone = build_parser().parse_args(["io", "-p", "999999999"])
+    with pytest.raises(UsageError, match="no process with PID 999999999"):
+        options_from_args(gone)
 
 
 def test_cgroup_id_paths(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import pytest
 from children import reap, wait_attached
 from io_trace import drain
 
-from meridian.tools.io.events import EventFormatter
+from meridian.tools.io.event_format import EventFormatter
 from meridian.tools.io.kernel import FileIO
 from meridian.tools.io.options import Options
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from meridian.bpf import BpfObject, object_path
-from meridian.tools.io.events import EventFormatter
+from meridian.tools.io.event_format import EventFormatter
 from meridian.tools.io.names import HISTORY, NameCache
 
 if not object_path("io").exists():

@@ -11,7 +11,7 @@ import pytest
 from meridian.bpf import BpfObject, object_path
 from meridian.hist import Layout
 from meridian.tools.io.model import NBUCKETS
-from meridian.tools.io.table import NS, PidTable
+from meridian.tools.io.pid_table import NS, PidTable
 
 if not object_path("io").exists():
     pytest.skip("BPF objects not built (make bpf)", allow_module_level=True)
@@ -188,7 +188,7 @@ def test_processes_evicted_from_the_map_leave_the_table() -> None:
 def test_process_alive_checks_the_start_and_rechecks_it_only_now_and_then(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from meridian.tools.io import table as io_table
+    from meridian.tools.io import pid_table as io_table
 
     proc = tmp_path / "42"
     proc.mkdir()
@@ -196,7 +196,7 @@ def test_process_alive_checks_the_start_and_rechecks_it_only_now_and_then(
     (proc / "stat").write_text(stat.format(start=500))
     alive = io_table.ProcessAlive(recheck_s=10, proc_root=str(tmp_path))
     clock = [0]
-    monkeypatch.setattr("meridian.tools.io.table.time.monotonic_ns", lambda: clock[0])
+    monkeypatch.setattr("meridian.tools.io.pid_table.time.monotonic_ns", lambda: clock[0])
     assert alive(42, 500) and not alive(42, 499) and not alive(7, 500)
     (proc / "stat").write_text(stat.format(start=900))  # PID 42 given to another process
     clock[0] = 5 * NS

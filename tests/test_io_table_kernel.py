@@ -14,7 +14,7 @@ from children import build_c, reap
 from meridian.tools.io.kernel import FileIO
 from meridian.tools.io.model import summarize
 from meridian.tools.io.options import Options
-from meridian.tools.io.table import PidTable, delete_keys
+from meridian.tools.io.pid_table import PidTable, delete_keys
 
 pytestmark = pytest.mark.kernel
 

@@ -13,12 +13,13 @@ from meridian.tools.memlat.model import Cell, Options, Snapshot
 # Bad input that both tools check the same way (their shared command line); `{tool}`
 # stands for the tool's name.
 BOTH = [
-    (["--duration", "-1"], "--duration must be greater than 0"),
-    (["--duration", "soon"], "--duration must be a number"),
-    (["-p", "abc"], "-p takes a process ID"),
-    (["-p", "x"], "-p takes a process ID"),
-    (["-p", "-5"], "-p takes a process ID greater than 0"),
+    (["--duration", "-1"], "argument --duration: must be greater than 0"),
+    (["--duration", "soon"], "argument --duration: takes seconds"),
+    (["-p", "abc"], "argument -p/--pid: takes a process ID"),
+    (["-p", "-5"], "argument -p/--pid: takes a process ID (a whole number greater than 0)"),
     (["-p", "999999999"], "no process with PID 999999999"),
+    (["-p", "1", "-p", "2"], "-p: {tool} traces one process (its kernel filter holds one PID)"),
+    (["-p", "1,2"], "got 2: 1, 2"),
     (["0"], "interval must be greater than 0"),
     (["-1"], "interval must be greater than 0"),
     (["1", "1.5"], "count must be a whole number"),

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from meridian.cli import main
+from meridian.tools.syscalls.event import Syscall
 from meridian.tools.syscalls.kernel import MAX_NR, meta_table
-from meridian.tools.syscalls.record import Syscall
-from meridian.tools.syscalls.recording import Recorder, read_until_damage
+from meridian.tools.syscalls.recording_file import Recorder, read_until_damage
 
 T0 = 1_700_000_000_000_000_000
 
@@ -60,13 +60,27 @@ def test_unknown_syscall_is_one_line_with_close_matches(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["-p", "abc"], "-p takes process ids, got 'abc'"),
+        (["-p", "abc"], "argument -p/--pid: takes a process ID"),
+        (["--duration", "0"], "argument --duration: must be greater than 0"),
+    ],
+)
+def test_bad_flag_values(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused by the flag's type (meridian/flags.py): argparse's one line, exit 2."""
+    with pytest.raises(SystemExit) as exc:
+        main(["syscalls", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-p", "999999999"], "no process with PID 999999999"),
         (["--filter", "(", "--regex", "-r", "x"], "bad regular expression '('"),
         (["-r", "x", "--", "ls"], "-r replays a recording: it takes no command"),
         (["-r", "x", "-w", "y"], "-r x -w y: converting writes JSON lines: name it .jsonl"),
         (["-q"], "-q records only: it needs -w FILE"),
         (["-e", "read", "--all"], "give either -e SYSCALLS or --all, not both"),
-        (["--duration", "0"], "--duration must be greater than 0"),
     ],
 )
 def test_bad_input(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -138,7 +152,7 @@ def test_plain_view_memory_is_bounded_and_pairs_across_trims() -> None:
     import io
 
     from meridian.tools.syscalls.options import Options
-    from meridian.tools.syscalls.text import Pipeline
+    from meridian.tools.syscalls.plain_view import Pipeline
 
     out = io.StringIO()
     p = Pipeline(Options(max_rows=10), out)

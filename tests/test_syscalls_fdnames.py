@@ -18,7 +18,7 @@ import pytest
 from children import build_c
 
 from meridian.tools.syscalls.decode import decode_args
-from meridian.tools.syscalls.outputs import file_mode, output_text
+from meridian.tools.syscalls.out_params import file_mode, output_text
 
 PROG = r"""
 #define _GNU_SOURCE

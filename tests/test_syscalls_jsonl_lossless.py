@@ -22,10 +22,10 @@ from test_syscalls_raw import AT_FDCWD, CLOSE, DTYPE, OPENAT, READ, frame, recor
 
 from meridian.cli import main
 from meridian.errors import MeridianError, UsageError
-from meridian.tools.syscalls import spool
-from meridian.tools.syscalls.raw import to_syscall
-from meridian.tools.syscalls.recording import Recorder
-from meridian.tools.syscalls.spool import SpooledJsonRecorder
+from meridian.tools.syscalls import jsonl_spool
+from meridian.tools.syscalls.jsonl_spool import SpooledJsonRecorder
+from meridian.tools.syscalls.recording_file import Recorder
+from meridian.tools.syscalls.ring_records import to_syscall
 
 ARGS = ["syscalls", "-w", "r.jsonl"]
 
@@ -101,7 +101,7 @@ def test_a_kept_spool_is_finished_by_r_and_w(
     command = str(exc.value).split("finish with: ")[1]
     assert command == f"meridian syscalls -r {rec.spool} -w {tmp_path / 'r.jsonl'}"
     assert not (tmp_path / "r.jsonl").exists() and rec.spool.exists()
-    monkeypatch.setattr(spool, "QUIET_S", 0.0)  # a progress line at once
+    monkeypatch.setattr(jsonl_spool, "QUIET_S", 0.0)  # a progress line at once
     assert main(command.split()[1:]) == 0
     err = capsys.readouterr().err.splitlines()
     assert err == [

@@ -283,7 +283,7 @@ def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:
             launcher.kill()
             recorder.close()
     # the raw recording the TUI made holds every event it showed
-    from meridian.tools.syscalls.recording import read_events
+    from meridian.tools.syscalls.recording_file import read_events
 
     assert [sc.index for sc in read_events(rec)] == [sc.index for sc in app.agg.log]
 

@@ -10,8 +10,8 @@ from syscall_events import T0
 
 from meridian.errors import UsageError
 from meridian.tools.syscalls.decode import decode_args, decode_result, open_flags, quote
-from meridian.tools.syscalls.fmt import fmt_duration, fmt_time
 from meridian.tools.syscalls.numbers import BY_NAME, FILE_SYSCALLS, NUMBERS, generate, resolve_names
+from meridian.tools.syscalls.render import fmt_duration, fmt_time
 
 pytestmark = pytest.mark.usefixtures("utc")
 

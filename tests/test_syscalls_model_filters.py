@@ -18,7 +18,7 @@ from meridian.tools.syscalls.filters import (
     SyscallFilter,
     TextFilter,
 )
-from meridian.tools.syscalls.log import Aggregator
+from meridian.tools.syscalls.full_log import Aggregator
 
 pytestmark = pytest.mark.usefixtures("utc")
 

@@ -10,8 +10,8 @@ from syscall_events import Recorded, end, start
 from meridian.tools.syscalls.compact import CompactLog
 from meridian.tools.syscalls.filtered import FilteredLog
 from meridian.tools.syscalls.filters import ResultFilter, TextFilter
-from meridian.tools.syscalls.fmt import compact_line, field_text, full_line
-from meridian.tools.syscalls.log import Aggregator
+from meridian.tools.syscalls.full_log import Aggregator
+from meridian.tools.syscalls.render import compact_line, field_text, full_line
 
 pytestmark = pytest.mark.usefixtures("utc")
 

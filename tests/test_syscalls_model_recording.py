@@ -12,10 +12,10 @@ from syscall_events import cat_opens, end, start
 
 from meridian.errors import UsageError
 from meridian.tools.syscalls.compact import CompactLog
-from meridian.tools.syscalls.fmt import compact_line
-from meridian.tools.syscalls.log import Aggregator
-from meridian.tools.syscalls.record import Syscall
-from meridian.tools.syscalls.recording import Recorder, read_events
+from meridian.tools.syscalls.event import Syscall
+from meridian.tools.syscalls.full_log import Aggregator
+from meridian.tools.syscalls.recording_file import Recorder, read_events
+from meridian.tools.syscalls.render import compact_line
 
 pytestmark = pytest.mark.usefixtures("utc")
 

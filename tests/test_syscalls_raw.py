@@ -19,11 +19,16 @@ from ringfake import DISCARD, FakeRing
 
 from meridian.bpf.ringbuf import RingBuffer
 from meridian.errors import MeridianError, UsageError
-from meridian.tools.syscalls.backlog import Backlog
+from meridian.tools.syscalls.jsonl_spool import SpooledJsonRecorder
 from meridian.tools.syscalls.options import Options
-from meridian.tools.syscalls.raw import decode_frames, dtype_from_json, dtype_to_json, frames
-from meridian.tools.syscalls.recording import Recorder, is_jsonl_name, read_events
-from meridian.tools.syscalls.spool import SpooledJsonRecorder
+from meridian.tools.syscalls.recording_file import Recorder, is_jsonl_name, read_events
+from meridian.tools.syscalls.ring_records import (
+    decode_frames,
+    dtype_from_json,
+    dtype_to_json,
+    frames,
+)
+from meridian.tools.syscalls.view_backlog import Backlog
 
 # struct syscalls_event of bpf/syscalls.h, as BTF gives it (112 bytes)
 DTYPE = np.dtype(
@@ -258,7 +263,7 @@ def test_backlog_skips_the_oldest_past_its_limit_and_counts_them() -> None:
 def test_a_json_recording_that_cannot_be_made_leaves_no_spool(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("meridian.tools.syscalls.recording.shutil.which", lambda name: None)
+    monkeypatch.setattr("meridian.tools.syscalls.recording_file.shutil.which", lambda name: None)
     with pytest.raises(UsageError, match="needs the zstd program"):
         SpooledJsonRecorder(tmp_path / "r.jsonl.zst", None, DTYPE)
     assert list(tmp_path.iterdir()) == []

@@ -16,8 +16,8 @@ from rich.text import Text
 from textual.coordinate import Coordinate
 from textual.widgets import Static
 
-from meridian.tools.syscalls.record import Syscall
-from meridian.tools.syscalls.recording import Recorder, read_events
+from meridian.tools.syscalls.event import Syscall
+from meridian.tools.syscalls.recording_file import Recorder, read_events
 from meridian.tools.syscalls.tui import HIGHLIGHT, ListFeed, SyscallsApp
 from meridian.tools.syscalls.tui_table import COLUMNS, CallTable
 

@@ -1,38 +1,27 @@
-"""What the histogram tools' command lines share (biolat, memlat, runqlat, and pieces
-that io and syscalls take too): the report options and their checked numbers and
-PIDs, the report loop of `[interval] [count]`, `--duration` and Ctrl-C (which prints
-what happened since the last report before the tool detaches), the `--workload`
-child, and the histogram family of the exported latencies."""
+"""The histogram tools' run loop (biolat, memlat, runqlat): the options it reads, the
+reports every `[interval]`, `count` times, at the end of `--duration` or at Ctrl-C
+(which prints what happened since the last report before the tool detaches), and
+what runs beside it: the `--workload` child (io's too) and the histogram family of
+the exported latencies."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, fields
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TextIO, TypeVar
 
-from .errors import UsageError
-from .export import ExportOptions, Family, exporting, from_args
+from .export import ExportOptions, Family, exporting
 from .output import JsonWriter
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
 
 __all__ = [
     "UNITS",
     "ReportOptions",
     "duration_family",
-    "options_of",
-    "parse_pid",
-    "pid_arg",
-    "positive_number",
-    "report_fields",
     "report_loop",
     "run_histograms",
     "stop_child",
@@ -63,75 +52,6 @@ class ReportOptions:
     @property
     def unit(self) -> str:
         return UNITS[self.unit_ns]
-
-
-# ---- checked arguments ---------------------------------------------------------------
-
-
-def positive_number(value: str | None, what: str, integer: bool = False) -> float | None:
-    """A number > 0 from the command line, or None when not given; else a UsageError."""
-    if value is None:
-        return None
-    try:
-        num = int(value) if integer else float(value)
-    except ValueError:
-        raise UsageError(
-            f"{what} must be a {'whole ' if integer else ''}number, got {value!r}"
-        ) from None
-    if not num > 0 or num == float("inf"):
-        raise UsageError(f"{what} must be greater than 0, got {value!r}")
-    return num
-
-
-def parse_pid(value: str, noun: str = "a process ID", above: str = "greater than 0") -> int:
-    """`-p`'s value as a whole number > 0; else a UsageError: `-p takes {noun}, got
-    ...`, or `-p takes {noun} {above}, got ...` (syscalls: "process ids", "> 0")."""
-    try:
-        pid = int(value)
-    except ValueError:
-        raise UsageError(f"-p takes {noun}, got {value!r}") from None
-    if pid <= 0:
-        raise UsageError(f"-p takes {noun} {above}, got {value!r}")
-    return pid
-
-
-def pid_arg(value: str | None, proc_root: str = "/proc") -> int | None:
-    """A PID of a running process, or None when not given; else a UsageError."""
-    if value is None:
-        return None
-    pid = parse_pid(value)
-    if not Path(f"{proc_root}/{pid}").exists():
-        raise UsageError(f"no process with PID {pid}: see ps or pgrep for running processes")
-    return pid
-
-
-def report_fields(args: argparse.Namespace, validating: bool = False) -> dict[str, Any]:
-    """The checked `ReportOptions` fields that are not the arguments as they are:
-    `[interval] [count]` (none when the interval is a sub-command such as `validate`),
-    `--duration`, `-T` and the export options."""
-    count = None if validating else positive_number(args.count, "count", integer=True)
-    return {
-        "interval": None if validating else positive_number(args.interval, "interval"),
-        "count": int(count) if count is not None else None,
-        "duration": positive_number(args.duration, "--duration"),
-        "timestamps": args.timestamp,
-        "export": from_args(args),
-    }
-
-
-Opts = TypeVar("Opts", bound="DataclassInstance")
-
-
-def options_of(cls: type[Opts], args: argparse.Namespace, **given: Any) -> Opts:
-    """A tool's options dataclass `cls`: the fields in `given` (checked or renamed
-    values), and every other field that names a command-line argument (its `dest`)
-    from that argument as it is; the rest keep their defaults."""
-    same = {
-        f.name: getattr(args, f.name)
-        for f in fields(cls)
-        if f.init and f.name not in given and hasattr(args, f.name)
-    }
-    return cls(**same, **given)
 
 
 # ---- the report loop -----------------------------------------------------------------

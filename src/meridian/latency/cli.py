@@ -1,6 +1,7 @@
-"""The command line of a latency tool: `meridian TOOL [interval] [count]` with -P, -p,
--T, --json, --duration, --strategy, -v and the export options, and `meridian TOOL
-validate`, its on/off experiment (`--seconds` per case and one option of its own).
+"""The command line of a latency tool: `meridian TOOL [interval] [count]` with -P, -p
+(one process), -T, --json, --duration, --strategy, -v (the flags of flags.py) and the
+export options, and `meridian TOOL validate`, its on/off experiment (`--seconds` per
+case and one option of its own).
 
 A tool subclasses `LatencyCli`: its names and help, its own arguments (its unit, say),
 how they make its options, how it reports, and its experiment."""
@@ -16,8 +17,18 @@ from typing import Any, Generic, TextIO, TypeVar
 from ..bpf import Strategy
 from ..errors import UsageError
 from ..export import add_arguments
+from ..flags import (
+    add_duration,
+    add_json,
+    add_pid,
+    add_reports,
+    add_strategy,
+    add_verbose,
+    positive_number,
+    report_fields,
+    running_pids,
+)
 from ..output import JsonWriter
-from ..reporting import positive_number, report_fields
 from .model import LatencyOptions
 
 __all__ = ["LatencyCli"]
@@ -49,9 +60,9 @@ class LatencyCli(Generic[Opts]):
         """The experiment's option (`experiment_option`), after --seconds."""
         raise NotImplementedError
 
-    def options(self, args: argparse.Namespace, report: dict[str, Any]) -> Opts:
-        """The tool's options from its arguments; `report` holds the checked report
-        fields (`reporting.report_fields`)."""
+    def options(self, args: argparse.Namespace, common: dict[str, Any]) -> Opts:
+        """The tool's options from its arguments; `common` holds the checked fields
+        that every latency tool has (`flags.report_fields`, -P and -p)."""
         raise NotImplementedError
 
     def output(self, opts: Opts) -> AbstractContextManager[TextIO]:
@@ -81,25 +92,15 @@ class LatencyCli(Generic[Opts]):
             epilog=self.examples,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        p.add_argument(
-            "interval",
-            nargs="?",
-            help="seconds between reports (default: one at the end), or validate",
-        )
-        p.add_argument("count", nargs="?", help="number of reports (default: until Ctrl-C)")
+        add_reports(p, "seconds between reports (default: one at the end), or validate")
         p.add_argument("-P", "--pids", action="store_true", help="one histogram per process")
-        p.add_argument("-p", "--pid", metavar="PID", help="trace this process only")
+        add_pid(p, "trace this process only (one PID: the kernel filter holds one)")
         self.add_arguments(p)
-        p.add_argument(
-            "-T", "--timestamp", action="store_true", help="print a timestamp per report"
-        )
-        p.add_argument("--json", action="store_true", help="JSON lines instead of text")
+        add_json(p)
         self.add_output_arguments(p)
-        p.add_argument("--duration", metavar="SECONDS", help="stop after this long")
-        p.add_argument(
-            "--strategy", choices=[s.name for s in self.strategies], help="force a probe strategy"
-        )
-        p.add_argument("-v", "--verbose", action="store_true", help="libbpf and strategy detail")
+        add_duration(p)
+        add_strategy(p, self.strategies)
+        add_verbose(p)
         add_arguments(p)
         v = p.add_argument_group("validate")
         v.add_argument(
@@ -110,13 +111,29 @@ class LatencyCli(Generic[Opts]):
         self.add_experiment_arguments(v)
         return p
 
+    def one_pid(self, pids: list[int] | None) -> int | None:
+        """-p's process: the kernel program filters on one PID (a set would be a map
+        lookup per event), so more than one is refused."""
+        distinct = sorted(set(pids or []))
+        if len(distinct) > 1:
+            raise UsageError(
+                f"-p: {self.name} traces one process (its kernel filter holds one PID), "
+                f"got {len(distinct)}: {', '.join(map(str, distinct))}"
+            )
+        return running_pids(distinct)[0] if distinct else None
+
     def run(self, args: argparse.Namespace) -> int:
         validating = args.interval == "validate"
         option = self.experiment_option
         value = getattr(args, option.lstrip("-").replace("-", "_"))
         if not validating and (args.seconds is not None or value is not None):
             raise UsageError(f"--seconds and {option} belong to 'meridian {self.name} validate'")
-        opts = self.options(args, report_fields(args, validating))
+        common = {
+            **report_fields(args, validating),
+            "per_process": args.pids,
+            "pid": self.one_pid(args.pid),
+        }
+        opts = self.options(args, common)
         with self.output(opts) as out:
             if not validating:
                 return self.run_options(opts, out)

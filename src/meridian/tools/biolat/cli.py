@@ -9,8 +9,17 @@ from typing import Any, TextIO
 from ... import proc
 from ...errors import UsageError
 from ...export import add_arguments
+from ...flags import (
+    add_duration,
+    add_json,
+    add_reports,
+    add_strategy,
+    add_verbose,
+    options_of,
+    report_fields,
+)
 from ...output import JsonWriter
-from ...reporting import options_of, report_fields, run_histograms, workload
+from ...report_loop import run_histograms, workload
 from .kernel import STRATEGIES, Biolat
 from .model import Options
 from .records import SLOW_HEADER, print_slow
@@ -41,23 +50,19 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("interval", nargs="?", help="seconds between reports (default: one at the end)")
-    p.add_argument("count", nargs="?", help="number of reports (default: until Ctrl-C)")
+    add_reports(p)
     p.add_argument("-D", "--disks", action="store_true", help="one histogram per disk")
     p.add_argument("-Q", "--queued", action="store_true", help="include OS queued time")
     p.add_argument("-m", "--milliseconds", action="store_true", help="histograms in msecs")
     p.add_argument("-d", "--disk", metavar="DISK", help="trace this disk only")
-    p.add_argument("-T", "--timestamp", action="store_true", help="print a timestamp per report")
-    p.add_argument("--json", action="store_true", help="JSON lines instead of text")
+    add_json(p)
     p.add_argument("--sizes", action="store_true", help="request size histograms (exercise 2)")
     p.add_argument("--depth", action="store_true", help="queue depth histograms (exercise 4)")
     p.add_argument("--slow", metavar="MS", help="stream requests slower than MS ms (0: all)")
-    p.add_argument("--duration", metavar="SECONDS", help="stop after this long")
-    p.add_argument(
-        "--strategy", choices=[s.name for s in STRATEGIES], help="force a probe strategy"
-    )
+    add_duration(p)
+    add_strategy(p, STRATEGIES)
     p.add_argument("--workload", action="store_true", help="run a small built-in disk workload")
-    p.add_argument("-v", "--verbose", action="store_true", help="libbpf and strategy detail")
+    add_verbose(p)
     add_arguments(p)
     return p
 

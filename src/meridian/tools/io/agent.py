@@ -17,15 +17,15 @@ from typing import Any, TextIO
 import numpy as np
 
 from ...export import Exporters, exporting
-from ...reporting import workload
+from ...report_loop import workload
 from .block import BlockStats, summarize_block
-from .events import TEXT_HEADER, EventFormatter
+from .event_format import TEXT_HEADER, EventFormatter
 from .kernel import FileIO
 from .logs import IoLogs
 from .metrics import io_source
 from .options import Options
+from .pid_table import RETIRED_MAX, PidTable, delete_keys, of_processes
 from .report import report
-from .table import RETIRED_MAX, PidTable, delete_keys, of_processes
 from .top import check_terminal, run_top
 from .writeback import WritebackStats, summarize_writeback
 

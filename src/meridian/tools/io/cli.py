@@ -7,16 +7,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 from ...errors import UsageError
 from ...export import add_arguments, from_args
+from ...flags import add_duration, add_pid, add_strategy, add_verbose, running_pids
 from .agent import run_options
 from .kernel import STRATEGIES
 from .options import DEFAULT_METRICS_MAX_PIDS, Options
 
-__all__ = ["add_parser", "cgroup_id", "cgroup_mounts", "options_from_args", "parse_pids", "run"]
+__all__ = ["add_parser", "cgroup_id", "cgroup_mounts", "options_from_args", "run"]
 
 EXAMPLES = """examples:
   meridian io                       # every read/write on regular files, JSON lines
@@ -45,7 +45,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("-p", "--pid", action="append", default=[], help="trace this PID (repeatable)")
+    add_pid(p)
     p.add_argument("--comm", action="append", default=[], help="trace this process name")
     p.add_argument(
         "--cgroup",
@@ -57,7 +57,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--min-latency", metavar="MS", help="only events slower than MS milliseconds")
     p.add_argument("--disk-only", action="store_true", help="only events that reached the disk")
     p.add_argument("--no-events", action="store_true", help="metrics only, no event stream")
-    p.add_argument("--duration", metavar="SECONDS", help="stop after this long")
+    add_duration(p)
     p.add_argument(
         "--max-pids",
         metavar="N",
@@ -80,10 +80,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--grace", metavar="SECONDS", default="30", help="retire exited processes after this"
     )
     p.add_argument("--workload", action="store_true", help="run a small built-in file workload")
-    p.add_argument(
-        "--strategy", choices=[s.name for s in STRATEGIES], help="force a probe strategy"
-    )
-    p.add_argument("-v", "--verbose", action="store_true", help="libbpf and strategy detail")
+    add_strategy(p, STRATEGIES)
+    add_verbose(p)
     add_arguments(p, logs=True)
     return p
 
@@ -99,18 +97,6 @@ def _number(value: str | None, what: str, minimum: float, integer: bool = False)
     if num < minimum or num != num:
         raise UsageError(f"{what} must be at least {minimum:g}, got {value!r}")
     return num
-
-
-def parse_pids(values: Sequence[str], proc_root: str = "/proc") -> list[int]:
-    pids = []
-    for v in values:
-        if not v.strip().isdigit() or int(v) <= 0:
-            raise UsageError(f"-p takes a process ID (a positive whole number), got {v!r}")
-        pid = int(v)
-        if not os.path.isdir(f"{proc_root}/{pid}"):
-            raise UsageError(f"no process with PID {pid} (see ps -e)")
-        pids.append(pid)
-    return pids
 
 
 def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
@@ -157,7 +143,6 @@ def options_from_args(args: argparse.Namespace) -> Options:
             raise UsageError(f"--comm takes a process name of 1 to 15 bytes, got {c!r}")
         comms.append(c)
     min_lat = _number(args.min_latency, "--min-latency", 0)
-    duration = _number(args.duration, "--duration", 0.001)
     max_series = _number(args.max_pids, "--max-pids", 1, integer=True)
     metrics_max: float | None = DEFAULT_METRICS_MAX_PIDS
     if args.metrics_max_pids == "all":
@@ -176,13 +161,13 @@ def options_from_args(args: argparse.Namespace) -> Options:
     if export.otlp_logs and (args.no_events or args.top):
         raise UsageError("--otlp-logs sends events: it cannot go with --no-events or --top")
     return Options(
-        pids=parse_pids(args.pid),
+        pids=running_pids(args.pid),
         comms=comms,
         cgroup=cgroup_id(args.cgroup) if args.cgroup is not None else None,
         format=args.format,
         min_latency_ns=int((min_lat or 0) * 1_000_000),
         disk_only=args.disk_only,
-        duration=duration,
+        duration=args.duration,
         strategy=args.strategy,
         # The kernel map holds up to four keys per process (op x cached).
         max_pids=max(8192, 4 * int(max_series)) if max_series else 8192,

@@ -44,7 +44,7 @@ import numpy as np
 
 from ...export.series import Attrs, Family, HistPoint, Point, Source
 from ...hist import Log2Hist
-from ...reporting import duration_family
+from ...report_loop import duration_family
 from .block import BlockStats, capped_block, summarize_block
 from .model import OPS, PidSummary, summarize, summarize_processes
 from .writeback import by_process, summarize_writeback

@@ -29,7 +29,7 @@ class Options:
     thread_slots: int = 0  # in-flight slots (a power of two); 0: sized to pid_max
     export: ExportOptions | None = None
     verbose: bool = False
-    # The agent side: PID table, --top, demo workload (table.py, top.py).
+    # The agent side: PID table, --top, demo workload (pid_table.py, top.py).
     interval: float = 1.0  # seconds between reads of the aggregate map
     grace: float = 30.0  # seconds an exited process stays before it is retired
     max_series: int | None = None  # --max-pids: rows of their own, then comm, then other

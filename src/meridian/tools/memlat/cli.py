@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import IO, Any, TextIO
 
 from ...errors import UsageError
+from ...flags import options_of, positive_number
 from ...latency import LatencyCli
-from ...reporting import options_of, pid_arg, positive_number, run_histograms
+from ...report_loop import run_histograms
 from .kernel import STRATEGIES, Memlat
 from .model import Options
 from .validate import validate, validate_text
@@ -67,14 +68,12 @@ class _Cli(LatencyCli[Options]):
     def add_experiment_arguments(self, group: argparse._ArgumentGroup) -> None:
         group.add_argument("--mb", metavar="MIB", help="page-touch region size (default 256)")
 
-    def options(self, args: argparse.Namespace, report: dict[str, Any]) -> Options:
+    def options(self, args: argparse.Namespace, common: dict[str, Any]) -> Options:
         threshold = positive_number(args.threshold, "--threshold")
         return options_of(
             Options,
             args,
-            **report,
-            per_process=args.pids,
-            pid=pid_arg(args.pid),
+            **common,
             threshold_us=threshold if threshold is not None else 8.0,
             output=_output(args.output),
         )

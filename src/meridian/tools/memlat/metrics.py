@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...export import Family, Point
 from ...latency.metrics import Attrs, hist_point, process_attrs
-from ...reporting import duration_family
+from ...report_loop import duration_family
 from .model import KINDS, Options, Snapshot
 
 __all__ = ["series"]

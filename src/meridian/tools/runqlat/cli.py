@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any, TextIO
 
+from ...flags import options_of
 from ...latency import LatencyCli
-from ...reporting import options_of, pid_arg, run_histograms
+from ...report_loop import run_histograms
 from .kernel import STRATEGIES, Runqlat
 from .model import Options
 from .validate import validate, validate_text
@@ -54,15 +55,8 @@ class _Cli(LatencyCli[Options]):
             "--workers", metavar="N", help="busy processes of the ON case (2 x CPUs)"
         )
 
-    def options(self, args: argparse.Namespace, report: dict[str, Any]) -> Options:
-        return options_of(
-            Options,
-            args,
-            **report,
-            per_process=args.pids,
-            pid=pid_arg(args.pid),
-            millis=args.milliseconds,
-        )
+    def options(self, args: argparse.Namespace, common: dict[str, Any]) -> Options:
+        return options_of(Options, args, **common, millis=args.milliseconds)
 
     def validate(
         self, opts: Options, seconds: float, value: int | None

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 from ...latency import Summary, print_checks
 from ...output import iso_now, print_table
-from ...reporting import stop_child
+from ...report_loop import stop_child
 from ...system import online_cpu_count
 from .kernel import Runqlat
 from .model import Options, Snapshot

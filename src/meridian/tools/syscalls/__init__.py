@@ -7,25 +7,27 @@ strace-like plain lines, the full log, JSON lines, a terminal UI, a recording (-
 that replays (-r) through the same model.
 
 One concept per module; the imports go down this list, never up:
-    cli         the command line: parser, checks, `run` picking the view
-    capture     the live loops: plain (`capture`) and the TUI's feed (`CaptureFeed`)
-    tui         the terminal UI (Textual, the `tui` extra); tui_table its call table
-    text        the plain views (compact, full, JSON lines), the summary, replay
-    backlog     raw records drained but not shown yet, when recording
-    launcher    `-- COMMAND`: the child held stopped until the kernel traces it
-    kernel      the Session (`Capture`), the strategies and the per-syscall table
-    options     what the user asked (Options) and the filters built from it
-    recording   record (-w) and replay (-r): JSON lines or raw kernel records
-    raw         raw kernel records: the ring's framing, decoding to Syscall rows
-    filtered    the FilteredLog over a full or compact log
-    filters     filters and their GetMatches() spans
-    fmt         timestamps, durations and one-line renderings
-    compact     the CompactLog: start+end merged with result and duration
-    log         the full Log and the Aggregator that pairs starts with ends
-    decode      raw arguments and results to text (O_RDONLY|O_CLOEXEC, 0644, -2 ENOENT)
-    numbers     x86_64 syscall numbers (_x86_64), the file-system set, name lookup
-    signatures  argument kinds per syscall (which are paths, fds, flags, modes)
-    record      the Syscall record (one start or end event, or a merged compact row)
+    cli             the command line: parser, checks, `run` picking the view
+    capture         the live loops: plain (`capture`) and the TUI's feed (`CaptureFeed`)
+    tui             the terminal UI (Textual, the `tui` extra); tui_table its call table
+    plain_view      the plain views (compact, full, JSON lines), the summary, replay
+    view_backlog    raw records drained but not shown yet, when recording
+    launcher        `-- COMMAND`: the child held stopped until the kernel traces it
+    kernel          the Session (`Capture`), the strategies and the per-syscall table
+    jsonl_spool     -w FILE.jsonl: raw records spooled, converted when the capture ends
+    options         what the user asked (Options) and the filters built from it
+    recording_file  record (-w) and replay (-r): JSON lines or raw kernel records
+    ring_records    the ring buffer's records: their framing, decoded to Syscall events
+    filtered        the FilteredLog over a full or compact log
+    filters         filters and their GetMatches() spans
+    render          an event as text: timestamps, durations, fields, lines, JSON objects
+    compact         the CompactLog: start+end merged with result and duration
+    full_log        the full Log and the Aggregator that pairs starts with ends
+    decode          raw arguments and results to text (O_RDONLY|O_CLOEXEC, 0644, -2 ENOENT)
+    out_params      out-parameters (fd pairs, stat buffers) as strace prints them
+    numbers         x86_64 syscall numbers (_x86_64), the file-system set, name lookup
+    signatures      argument kinds per syscall (which are paths, fds, flags, modes)
+    event           the Syscall event (one start or end, or a merged compact row)
 """
 
 from __future__ import annotations

@@ -15,14 +15,14 @@ from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from ...errors import MeridianError
-from .backlog import BACKLOG_BYTES, VIEW_SLICE, Backlog
+from .event import Syscall
+from .jsonl_spool import SpooledJsonRecorder
 from .kernel import Capture
 from .launcher import Launcher
 from .options import Options
-from .record import Syscall
-from .recording import Recorder
-from .spool import SpooledJsonRecorder
-from .text import Pipeline, summary
+from .plain_view import Pipeline, summary
+from .recording_file import Recorder
+from .view_backlog import BACKLOG_BYTES, VIEW_SLICE, Backlog
 
 __all__ = ["CaptureFeed", "capture", "capture_tui", "signals_held"]
 
@@ -38,102 +38,135 @@ def signals_held() -> Iterator[None]:
 
 
 def capture(opts: Options, out: TextIO, err: TextIO) -> int:
-    launcher: Launcher | None = None
-    recorder: Recorder | None = None
-    p = Pipeline(opts, out)
-    status = 0
-    backlog: Backlog | None = None
+    """Trace until the command or every process asked for exits, --duration passes
+    or Ctrl-C; print each row once it is complete, then the summary line. Returns
+    the command's exit status."""
     with Capture(opts) as cap:
         if opts.verbose:
             print(f"strategy: {cap.strategy.name}", file=err)
-
-        def take(timeout: float) -> int:
-            """Drain the ring: to the recording and the view's backlog, or decoded
-            and shown at once when nothing is recorded. Returns the bytes drained."""
-            if recorder is not None:
-                with signals_held():  # drained is recorded and counted, whole
-                    chunk, n = cap.poll_raw(timeout)
-                    recorder.write_raw(chunk, n)
-                if backlog is not None:
-                    backlog.push(chunk, n)
-                return len(chunk)
-            chunk, n = cap.poll_raw(timeout)
-            for sc in cap.decode(chunk):
-                p.add(sc)
-            return len(chunk)
-
-        def show(seconds: float | None) -> None:
-            """Let the view work through the backlog for a while (None: all of it)."""
-            if backlog is None:
-                return
-            until = None if seconds is None else time.monotonic() + seconds
-            while backlog and (until is None or time.monotonic() < until):
-                rows = backlog.take(cap, 256)
-                for sc in rows:
-                    p.add(sc)
-                p.flush()
-                p.trim()
-
+        live = _PlainCapture(opts, cap, Pipeline(opts, out))
         try:
-            if opts.write:
-                recorder = cap.recorder(opts.write, sys.argv[1:], opts.raw_recording())
-                if not opts.quiet:
-                    backlog = Backlog(BACKLOG_BYTES)
-            if opts.command:
-                launcher = Launcher(opts.command)
-                cap.add_pid(launcher.pid)
-                launcher.go()
-            elif not opts.json and not opts.quiet:
-                print("Tracing file-system syscalls... Hit Ctrl-C to end.", file=err)
-            end = time.monotonic() + opts.duration if opts.duration else None
-            freeze = time.monotonic()
-            try:
-                while True:
-                    if time.monotonic() >= freeze:
-                        # The rows the view holds, out of the collector's full passes,
-                        # which grow with them past what the ring holds (~80 ms of a
-                        # full-speed loop in 16 MB): the drain never waits that long.
-                        gc.freeze()
-                        freeze = time.monotonic() + 0.25
-                    done = launcher is not None and launcher.poll() is not None
-                    if opts.pids and not any(os.path.exists(f"/proc/{pid}") for pid in opts.pids):
-                        done = True  # every process asked for has exited (as strace -p)
-                    take(0 if done or backlog else 0.05)
-                    show(VIEW_SLICE)
-                    p.flush()
-                    p.trim()
-                    if done or (end is not None and time.monotonic() >= end):
-                        break
-            except KeyboardInterrupt:
-                take(0)
-            # The capture is over: its counters, then nothing runs or is traced while
-            # the view catches up and a JSON lines recording is converted (a ring that
-            # nobody reads would count drops that are not the capture's).
-            counters = cap.counters()
-            if launcher is not None:
-                code = launcher.poll() or 0
-                status = 128 - code if code < 0 else code  # killed by a signal: 128 + signo
-                launcher.kill()
-            assert cap.obj is not None
-            cap.obj.detach()
-            show(None)
-            p.finish()
-            unconverted: MeridianError | None = None
-            if isinstance(recorder, SpooledJsonRecorder):
-                try:
-                    recorder.close(err)
-                except MeridianError as exc:
-                    unconverted = exc  # the spool is kept: the summary still counts
-            not_shown = backlog.skipped if backlog is not None else 0
-            summary(p, counters, err, not_shown, recorder)
-            if unconverted is not None:
-                raise unconverted
+            live.start(err)
+            live.drain()
+            return live.finish(err)
         finally:
-            if launcher is not None:
-                launcher.kill()
-            if recorder is not None:
-                recorder.close()
-    return status
+            live.close()
+
+
+class _PlainCapture:
+    """A live capture for the plain views. With -w the ring is drained into the
+    recording and a backlog the view works through a slice of time at a time, so a
+    slow view never makes the kernel drop what the recording needs; without it each
+    drained chunk is decoded and shown at once."""
+
+    def __init__(self, opts: Options, cap: Capture, pipeline: Pipeline) -> None:
+        self.opts = opts
+        self.cap = cap
+        self.pipeline = pipeline
+        self.launcher: Launcher | None = None
+        self.recorder: Recorder | None = None
+        self.backlog: Backlog | None = None
+
+    def start(self, err: TextIO) -> None:
+        """Open the recording, start the command (held until the kernel traces it)."""
+        opts = self.opts
+        if opts.write:
+            self.recorder = self.cap.recorder(opts.write, sys.argv[1:], opts.raw_recording())
+            if not opts.quiet:
+                self.backlog = Backlog(BACKLOG_BYTES)
+        if opts.command:
+            self.launcher = Launcher(opts.command)
+            self.cap.add_pid(self.launcher.pid)
+            self.launcher.go()
+        elif not opts.json and not opts.quiet:
+            print("Tracing file-system syscalls... Hit Ctrl-C to end.", file=err)
+
+    def take(self, timeout: float) -> None:
+        """Drain the ring: to the recording and the view's backlog, or decoded and
+        shown at once when nothing is recorded."""
+        if self.recorder is None:
+            for sc in self.cap.decode(self.cap.poll_raw(timeout)[0]):
+                self.pipeline.add(sc)
+            return
+        with signals_held():  # drained is recorded and counted, whole
+            chunk, n = self.cap.poll_raw(timeout)
+            self.recorder.write_raw(chunk, n)
+        if self.backlog is not None:
+            self.backlog.push(chunk, n)
+
+    def show(self, seconds: float | None) -> None:
+        """Let the view work through the backlog for a while (None: all of it)."""
+        if self.backlog is None:
+            return
+        until = None if seconds is None else time.monotonic() + seconds
+        while self.backlog and (until is None or time.monotonic() < until):
+            for sc in self.backlog.take(self.cap, 256):
+                self.pipeline.add(sc)
+            self.pipeline.flush()
+            self.pipeline.trim()
+
+    def traced_gone(self) -> bool:
+        """The command exited, or every process asked for did (as strace -p)."""
+        if self.launcher is not None and self.launcher.poll() is not None:
+            return True
+        pids = self.opts.pids
+        return bool(pids) and not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+
+    def drain(self) -> None:
+        """Drain and show until the traced are gone, --duration or Ctrl-C."""
+        end = time.monotonic() + self.opts.duration if self.opts.duration else None
+        freeze = time.monotonic()
+        try:
+            while True:
+                if time.monotonic() >= freeze:
+                    # The rows the view holds, out of the collector's full passes,
+                    # which grow with them past what the ring holds (~80 ms of a
+                    # full-speed loop in 16 MB): the drain never waits that long.
+                    gc.freeze()
+                    freeze = time.monotonic() + 0.25
+                done = self.traced_gone()
+                self.take(0 if done or self.backlog else 0.05)
+                self.show(VIEW_SLICE)
+                self.pipeline.flush()
+                self.pipeline.trim()
+                if done or (end is not None and time.monotonic() >= end):
+                    break
+        except KeyboardInterrupt:
+            self.take(0)
+
+    def finish(self, err: TextIO) -> int:
+        """The capture is over: its counters, then nothing runs or is traced while the
+        view catches up and a JSON lines recording is converted (a ring that nobody
+        reads would count drops that are not the capture's); the summary line. Returns
+        the command's exit status."""
+        counters = self.cap.counters()
+        status = 0
+        if self.launcher is not None:
+            code = self.launcher.poll() or 0
+            status = 128 - code if code < 0 else code  # killed by a signal: 128 + signo
+            self.launcher.kill()
+        assert self.cap.obj is not None
+        self.cap.obj.detach()
+        self.show(None)
+        self.pipeline.finish()
+        unconverted: MeridianError | None = None
+        if isinstance(self.recorder, SpooledJsonRecorder):
+            try:
+                self.recorder.close(err)
+            except MeridianError as exc:
+                unconverted = exc  # the spool is kept: the summary still counts
+        not_shown = self.backlog.skipped if self.backlog is not None else 0
+        summary(self.pipeline, counters, err, not_shown, self.recorder)
+        if unconverted is not None:
+            raise unconverted
+        return status
+
+    def close(self) -> None:
+        """Whatever happened: the command killed, the recording closed."""
+        if self.launcher is not None:
+            self.launcher.kill()
+        if self.recorder is not None:
+            self.recorder.close()
 
 
 def capture_tui(opts: Options, show: Callable[[CaptureFeed], None]) -> int:

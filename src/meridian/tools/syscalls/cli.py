@@ -7,25 +7,27 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from ...errors import ExtraMissing, UsageError
-from ...reporting import parse_pid
+from ...flags import (
+    add_duration,
+    add_json,
+    add_pid,
+    add_strategy,
+    add_verbose,
+    options_of,
+    running_pids,
+)
 from .capture import CaptureFeed, capture, capture_tui
+from .jsonl_spool import convert_command
 from .kernel import STRATEGIES
 from .numbers import resolve_names
 from .options import Options, build_filter
-from .recording import read_until_damage
-from .spool import convert_command
-from .text import replay
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
+from .plain_view import replay
+from .recording_file import read_until_damage
 
 __all__ = ["add_parser", "cgroup_id", "options_from_args", "run"]
-
-D = TypeVar("D", bound="DataclassInstance")
 
 
 EXAMPLES = """examples:
@@ -63,11 +65,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("command", nargs="*", help="-- COMMAND ARGS: trace this command")
     p.add_argument("-e", dest="names", metavar="SYSCALLS", help="comma-separated syscalls")
     p.add_argument("--all", action="store_true", help="every syscall, not only file ones")
-    p.add_argument("-p", "--pid", action="append", default=[], metavar="PID", help="trace PID")
+    add_pid(p)
     p.add_argument("--no-follow", action="store_true", help="do not trace forked children")
     p.add_argument("--cgroup", metavar="DIR", help="only tasks in this cgroup v2 directory")
     p.add_argument("--full", action="store_true", help="the full log: starts and ends")
-    p.add_argument("--json", action="store_true", help="JSON lines")
+    add_json(p)
     p.add_argument(
         "-w",
         dest="write",
@@ -92,7 +94,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--path", metavar="TEXT", help="a path argument contains TEXT")
     p.add_argument("--failed", action="store_true", help="only calls that failed")
     p.add_argument("--errno", metavar="NAMES", help="only calls failing with these errnos")
-    p.add_argument("--duration", metavar="SECONDS", type=float, help="stop after this long")
+    add_duration(p)
     p.add_argument(
         "--ring-mb",
         type=int,
@@ -108,12 +110,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="events kept in memory, live (default 200000; 0: no limit): past it the "
         "oldest leave memory (they are in the -w recording); the TUI says how many",
     )
-    p.add_argument(
-        "--strategy", choices=[s.name for s in STRATEGIES], help="force a probe strategy"
-    )
+    add_strategy(p, STRATEGIES)
     p.add_argument("--tui", action="store_true", help="the terminal UI (default on a terminal)")
     p.add_argument("--no-tui", action="store_true", help="plain lines (default when piped)")
-    p.add_argument("-v", "--verbose", action="store_true", help="libbpf and strategy detail")
+    add_verbose(p)
     return p
 
 
@@ -136,23 +136,8 @@ def cgroup_id(path: str, mounts: str = "/proc/self/mounts") -> int:
     return os.stat(real).st_ino
 
 
-def _pids(values: list[str], running: bool) -> list[int]:
-    """-p values (repeated or comma-separated): process ids, of running processes
-    unless replaying."""
-    pids = []
-    for raw in values:
-        for part in str(raw).split(","):
-            pid = parse_pid(part, "process ids", "> 0")
-            if running and not os.path.exists(f"/proc/{pid}"):
-                raise UsageError(f"no process {pid}: see ps")
-            pids.append(pid)
-    return pids
-
-
 def _check(args: argparse.Namespace, names: list[str], pids: list[int]) -> None:
     """The combinations and values the parser alone does not refuse."""
-    if args.duration is not None and not args.duration > 0:
-        raise UsageError(f"--duration must be greater than 0, got {args.duration}")
     if args.read and args.command:
         raise UsageError("-r replays a recording: it takes no command")
     if args.command and pids:
@@ -169,20 +154,14 @@ def _check(args: argparse.Namespace, names: list[str], pids: list[int]) -> None:
         raise UsageError("give either -e SYSCALLS or --all, not both")
 
 
-def _from_args(cls: type[D], args: argparse.Namespace, **given: Any) -> D:
-    """The dataclass `cls` with the `given` fields, and every other field from the
-    argument of the same name."""
-    same = {f.name: getattr(args, f.name) for f in fields(cls) if f.name not in given}
-    return cls(**same, **given)
-
-
 def options_from_args(args: argparse.Namespace) -> Options:
     names = resolve_names(args.names.split(",")) if args.names else []
-    pids = _pids(args.pid, running=not args.read)
+    # A replay's -p filters the recording: its processes need not run any more.
+    pids = list(args.pid or []) if args.read else running_pids(args.pid)
     _check(args, names, pids)
     errnos = [e.strip() for e in args.errno.split(",") if e.strip()] if args.errno else []
     plain = args.no_tui or args.quiet or args.json or args.full or not sys.stdout.isatty()
-    return _from_args(
+    return options_of(
         Options,
         args,
         names=names,

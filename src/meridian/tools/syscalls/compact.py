@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import bisect
 
-from .log import Log, Rows
-from .record import Syscall
+from .event import Syscall
+from .full_log import Log, Rows
 from .signatures import OUT_KINDS, signature
 
 __all__ = ["CompactLog", "merge"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno as _errno
 from collections.abc import Mapping, Sequence
 
-from .outputs import output_text
+from .out_params import output_text
 from .signatures import OUT_KINDS, signature
 
 __all__ = [

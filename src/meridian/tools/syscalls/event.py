@@ -1,4 +1,4 @@
-"""The Syscall record: one start or end event of a system call, as in Mortadelo's
+"""The Syscall event: one start or end of a system call, as in Mortadelo's
 syscall.cs, or (in the compact log) a start and its end merged into one row.
 
 -1 means "unknown" for every index. A start has have_result False; an end has the

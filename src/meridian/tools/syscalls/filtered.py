@@ -7,9 +7,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterator
 
+from .event import Syscall
 from .filters import Filter, Match
-from .log import Source
-from .record import Syscall
+from .full_log import Source
 
 __all__ = ["FilteredLog"]
 

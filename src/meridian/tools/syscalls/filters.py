@@ -16,9 +16,9 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol
 
 from ...errors import UsageError
-from .fmt import field_text
-from .log import Source
-from .record import Syscall
+from .event import Syscall
+from .full_log import Source
+from .render import field_text
 
 __all__ = [
     "TEXT_FIELDS",

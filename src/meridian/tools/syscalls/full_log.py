@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from .record import Syscall
+from .event import Syscall
 
 __all__ = ["Aggregator", "Listener", "Log", "Notifier", "Rows", "Source"]
 

@@ -21,7 +21,7 @@ from typing import IO, Any
 import numpy as np
 
 from ...errors import MeridianError, UsageError
-from .recording import Recorder, is_jsonl_name, read_events, read_header
+from .recording_file import Recorder, is_jsonl_name, read_events, read_header
 
 __all__ = ["SpooledJsonRecorder", "convert", "convert_command"]
 

@@ -11,13 +11,13 @@ from typing import Any
 
 from ...bpf import BpfObject, RingBuffer, Strategy, choose
 from ...session import Session
+from .event import Syscall
+from .jsonl_spool import SpooledJsonRecorder
 from .numbers import NUMBERS
 from .options import Options
-from .raw import decode_frames, frames
-from .record import Syscall
-from .recording import Recorder
+from .recording_file import Recorder
+from .ring_records import decode_frames, frames
 from .signatures import fd_position, out_position, string_positions
-from .spool import SpooledJsonRecorder
 
 __all__ = ["MAX_NR", "STRATEGIES", "Capture", "meta_table"]
 

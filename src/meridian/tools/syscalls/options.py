@@ -15,7 +15,7 @@ from .filters import (
     all_of,
 )
 from .numbers import FILE_SYSCALLS
-from .recording import is_jsonl_name
+from .recording_file import is_jsonl_name
 
 __all__ = ["COMM_LEN", "Options", "build_filter"]
 

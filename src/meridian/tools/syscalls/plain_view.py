@@ -8,13 +8,13 @@ from typing import TextIO
 
 from ...output import dumps
 from .compact import CompactLog
+from .event import Syscall
 from .filtered import FilteredLog
-from .fmt import compact_line, full_line, to_json
-from .log import Aggregator, Source
+from .full_log import Aggregator, Source
+from .jsonl_spool import SpooledJsonRecorder
 from .options import Options, build_filter
-from .record import Syscall
-from .recording import Recorder, read_events
-from .spool import SpooledJsonRecorder
+from .recording_file import Recorder, read_events
+from .render import compact_line, full_line, to_json
 
 __all__ = ["Pipeline", "replay", "summary"]
 

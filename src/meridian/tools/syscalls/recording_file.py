@@ -5,10 +5,10 @@ the format and its version; a name ending in .zst is compressed with the zstd pr
 - version 1, JSON lines (files named *.jsonl or *.json): every event as one JSON
   object per line (decoded Syscall fields). Readable by anything. Decoding and
   encoding are far slower than the kernel makes events, so a live capture records
-  raw to a spool and converts it when it ends (`spool.py`).
+  raw to a spool and converts it when it ends (`jsonl_spool.py`).
 - version 2, raw (any other name): after the header line (which holds the record
   layout from BTF and the offset from CLOCK_MONOTONIC to wall time), the kernel's
-  ring buffer records unchanged, in the chunks the reader drained (see `raw.py`).
+  ring buffer records unchanged, in the chunks the reader drained (see `ring_records.py`).
   Capture only copies bytes, so it keeps up with the kernel; decoding happens on
   replay.
 
@@ -29,8 +29,8 @@ import numpy as np
 
 from ...errors import UsageError
 from ...output import dumps, iso_now
-from .raw import decode_frames, dtype_from_json, dtype_to_json, frames
-from .record import Syscall
+from .event import Syscall
+from .ring_records import decode_frames, dtype_from_json, dtype_to_json, frames
 
 __all__ = [
     "FORMAT",

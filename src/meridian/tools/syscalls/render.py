@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .record import Syscall
+from .event import Syscall
 
 __all__ = [
     "FIELDS",

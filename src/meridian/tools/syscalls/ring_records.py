@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from .decode import decode_args, decode_result
+from .event import Syscall
 from .numbers import NUMBERS
-from .record import Syscall
 from .signatures import string_positions
 
 __all__ = [

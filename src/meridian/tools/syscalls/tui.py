@@ -29,11 +29,11 @@ from textual.timer import Timer
 from textual.widgets import Footer, Input, Static
 
 from .compact import CompactLog
+from .event import Syscall
 from .filtered import FilteredLog
 from .filters import Filter, Match, TextFilter, all_of
-from .fmt import fmt_duration, fmt_time, result_cell
-from .log import Aggregator, Source
-from .record import Syscall
+from .full_log import Aggregator, Source
+from .render import fmt_duration, fmt_time, result_cell
 from .tui_table import COLUMNS, CallTable
 
 __all__ = ["HIGHLIGHT", "Feed", "ListFeed", "SyscallsApp", "highlighted"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+from .event import Syscall
 from .kernel import Capture
-from .raw import decode_frames, frames
-from .record import Syscall
+from .ring_records import decode_frames, frames
 
 __all__ = ["BACKLOG_BYTES", "VIEW_SLICE", "Backlog"]
 
