@@ -4,7 +4,6 @@ file, and every bad input as a one-line UsageError naming the key and the value.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,10 +57,10 @@ def test_defaults_follow_the_seed() -> None:
 def test_dump_prints_every_key_and_reads_back() -> None:
     text = dump_config()
     cfg = SentinelConfig()
-    for section in dataclasses.fields(cfg):
-        assert f"\n{section.name}:\n" in text
-        for f in dataclasses.fields(getattr(cfg, section.name)):
-            assert f"\n  {f.name}: " in text, f.name
+    for name in SentinelConfig.model_fields:
+        assert f"\n{name}:\n" in text
+        for key in type(getattr(cfg, name)).model_fields:
+            assert f"\n  {key}: " in text, key
     for key in (
         "sentinel_samples_per_sec",
         "diagnostic_samples_per_sec",
@@ -165,16 +164,17 @@ def test_a_file_overrides_defaults(tmp_path: Path) -> None:
         (
             "perf:\n  sentinel_samples_per_sec: -5\n",
             "config x.yaml: perf.sentinel_samples_per_sec: a budget is samples per second per "
-            "CPU and must be positive, got -5",
+            "CPU and must be positive and at most 10000000, got -5",
         ),
         (
             "perf:\n  diagnostic_samples_per_sec: -1\n",
             "config x.yaml: perf.diagnostic_samples_per_sec: a budget is samples per second "
-            "per CPU and must be positive, got -1",
+            "per CPU and must be positive and at most 10000000, got -1",
         ),
         (
             "perf:\n  hard_drop_ns: -1\n",
-            "config x.yaml: perf.hard_drop_ns: must be 0 (off) or more nanoseconds, got -1",
+            "config x.yaml: perf.hard_drop_ns: must be from 0 (off) to 3600000000000 "
+            "nanoseconds (an hour), got -1",
         ),
         (
             "perf:\n  sentinel_groups: [[cycles, llc-mises]]\n",
@@ -182,7 +182,7 @@ def test_a_file_overrides_defaults(tmp_path: Path) -> None:
         ),
         (
             "perf:\n  diagnostic_groups: [[]]\n",
-            "config x.yaml: perf.diagnostic_groups[0]: an event group needs at least one event",
+            "config x.yaml: perf.diagnostic_groups: an event group needs 1 to 16 events, got []",
         ),
         (
             "perf:\n  rotation_window: soon\n",
@@ -289,13 +289,13 @@ def test_the_seeds_own_check_parses() -> None:
         (
             {"samples_per_sec": -5},
             "--samples-per-sec: a budget is samples per second per CPU "
-            "and must be positive, got -5",
+            "and must be positive and at most 10000000, got -5",
         ),
         (
             {"diagnostic_samples_per_sec": "lots"},
             "--diagnostic-samples-per-sec: expected an integer, got 'lots'",
         ),
-        ({"hard_drop_ns": -1}, "--hard-drop-ns: must be 0 (off) or more nanoseconds, got -1"),
+        ({"hard_drop_ns": -1}, "--hard-drop-ns: must be from 0 (off) to 3600000000000"),
         ({"events": "cycles,bogus"}, "--events: unknown event 'bogus'"),
         ({"events": " ; "}, "--events: name at least one event"),
         ({"mode": "turbo"}, "--mode: must be sentinel or diagnostic, got 'turbo'"),
@@ -311,3 +311,114 @@ def test_bad_flags_name_the_flag(given: dict[str, Any], want: str) -> None:
         merge_args(SentinelConfig(), args(**given))
     assert str(exc.value).startswith(want)
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        (
+            "perf:\n  sentinel_samples_per_sec: 50000000\n",
+            "config x.yaml: perf.sentinel_samples_per_sec: a budget is samples per second per "
+            "CPU and must be positive and at most 10000000, got 50000000",
+        ),
+        (
+            "perf:\n  hard_drop_ns: 3600000000001\n",
+            "config x.yaml: perf.hard_drop_ns: must be from 0 (off) to 3600000000000 "
+            "nanoseconds (an hour), got 3600000000001",
+        ),
+        (
+            "perf:\n  diagnostic_groups: [" + ", ".join(["[cycles]"] * 17) + "]\n",
+            "config x.yaml: perf.diagnostic_groups: needs 1 to 16 event groups, got [['cycles'], ",
+        ),
+        (
+            "perf:\n  sentinel_groups: [[" + ", ".join(["cycles"] * 17) + "]]\n",
+            "config x.yaml: perf.sentinel_groups: an event group needs 1 to 16 events, got [",
+        ),
+        (
+            "perf:\n  sentinel_groups: [[cache-misses]]\n",
+            "config x.yaml: perf.sentinel_groups: event 'cache-misses': write it 'llc-misses', "
+            "got 'cache-misses'",
+        ),
+        (
+            "targets:\n  pids: [4294967296]\n",
+            "config x.yaml: targets.pids: must be from 0 to 4294967295, got 4294967296",
+        ),
+    ],
+)
+def test_the_control_planes_limits_hold_in_the_file(text: str, want: str) -> None:
+    """Limits the API had alone (budget, hard drop, group sizes, canonical event names,
+    32-bit pids) now refuse a file too; the API says the same (test_sentinel_api)."""
+    assert error(text).startswith(want)
+
+
+def test_the_limits_hold_on_the_command_line() -> None:
+    with pytest.raises(UsageError, match=r"^--samples-per-sec: .* at most 10000000, got 50000000$"):
+        merge_args(SentinelConfig(), args(samples_per_sec="50000000"))
+    with pytest.raises(UsageError, match=r"^--events: needs 1 to 16 event groups, got "):
+        merge_args(SentinelConfig(), args(events=";".join(["cycles"] * 17)))
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        (
+            "perf:\n  sentinel_sample_per_sec: 5\n",
+            "unknown key perf.sentinel_sample_per_sec: did you mean perf.sentinel_samples_per_sec?",
+        ),
+        (
+            "mode:\n  interfaces: [eth0]\n",
+            "unknown key mode.interfaces: did you mean anomaly.interfaces?",
+        ),
+        (
+            "run:\n  latency_ewma: 0.5\n",
+            "unknown key run.latency_ewma: did you mean anomaly.latency_ewma_alpha?",
+        ),
+        ("aggregate:\n  flush_interval: 1\n", "unknown key aggregate: did you mean aggregator?"),
+        ("run:\n  zzz: 1\n", "unknown key run.zzz; known: duration, json, verbose"),
+    ],
+)
+def test_an_unknown_key_names_the_closest_one(text: str, want: str) -> None:
+    """Whatever else is wrong: a typo explains the rest."""
+    assert error(text + "metrics:\n  listen_port: -1\n") == f"config x.yaml: {want}"
+
+
+def test_durations_take_a_unit() -> None:
+    cfg = parse_config(
+        "perf:\n  rotation_window: 250ms\nanomaly:\n  poll_interval: 2s\n"
+        "  refractory_period: 1.5m\nclickhouse:\n  flush_interval: 500us\nrun:\n  duration: 1h\n"
+    )
+    assert cfg.perf.rotation_window == 0.25
+    assert cfg.anomaly.poll_interval == 2.0 and cfg.anomaly.refractory_period == 90.0
+    assert cfg.clickhouse.flush_interval == pytest.approx(0.0005)
+    assert cfg.run.duration == 3600.0
+    assert merge_args(cfg, args(duration="1m")).run.duration == 60.0
+    assert parse_config(dump_config(cfg)) == cfg  # printed as seconds, read back
+    assert error("aggregator:\n  flush_interval: 2h\n") == (
+        "config x.yaml: aggregator.flush_interval: must be above 0 and at most 3600 seconds, "
+        "got 7200.0"
+    )
+    assert error("run:\n  duration: 3 days\n") == (
+        "config x.yaml: run.duration: expected seconds or a duration such as 250ms, 2s, 1m, "
+        "got '3 days'"
+    )
+
+
+def test_a_value_assigned_is_checked_as_one_read() -> None:
+    """What the agent and the API change later follows the same rules; a refused value
+    leaves the old one."""
+    cfg = SentinelConfig()
+    cfg.aggregator.flush_interval = "250ms"  # type: ignore[assignment]
+    assert cfg.aggregator.flush_interval == 0.25
+    with pytest.raises(UsageError) as exc:
+        cfg.perf.sentinel_samples_per_sec = 50_000_000
+    assert str(exc.value) == (
+        "perf.sentinel_samples_per_sec: a budget is samples per second per CPU and must be "
+        "positive and at most 10000000, got 50000000"
+    )
+    assert cfg.perf.sentinel_samples_per_sec == 1000
+    with pytest.raises(UsageError, match=r"^mode.hysteresis_high: must be above "):
+        cfg.mode.hysteresis_high = 0.1  # below hysteresis_low: a rule across keys
+    assert cfg.mode.hysteresis_high == 0.9
+    with pytest.raises(UsageError, match=r"^perf.sentinel_groups: unknown event 'bogus'"):
+        cfg.perf.sentinel_groups = [["bogus"]]
+    assert cfg.perf.sentinel_groups == [["cycles", "llc-misses"]]

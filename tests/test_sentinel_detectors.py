@@ -221,6 +221,7 @@ def test_every_detector_is_registered_and_created() -> None:
     assert [type(d) for d in made] == [FalseSharing, RemoteDram]
     assert {d.metric for d in made} == {"ms_false_sharing_score", "ms_remote_dram_hotspot"}
 
+
 def test_fed_by_the_mock_source() -> None:
     """The generated mock stream (4 CPUs, HITM on 4 shared lines, remote DRAM on two
     nodes) against a plain count of the same samples."""

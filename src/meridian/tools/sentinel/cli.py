@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from ...errors import UsageError
+from ...flags import add_duration, add_json, add_pid
 
 __all__ = ["EXAMPLES", "add_parser", "check_host", "config_from_args", "run"]
 
@@ -78,7 +79,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "watch this interface's throughput (repeatable; default all but lo)",
     )
     _repeated(p, "--xdp", "IFACE", "add an XDP flow-context hook on this interface (repeatable)")
-    _repeated(p, "-p", "PID", "only this process", "--pid")
+    add_pid(p, "only this process (repeatable, or PID,PID)")
     p.add_argument("--metrics-port", metavar="PORT", help="serve /metrics here (0: any port)")
     p.add_argument("--metrics-address", metavar="HOST", help="address of /metrics")
     p.add_argument("--api-port", metavar="PORT", help="serve the control plane /api/v1 (0: any)")
@@ -94,8 +95,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     _switch(p, "--raw-samples", "store every sample too (ms_raw_samples), not only rollups")
     _switch(p, "--perf-mock", "synthetic samples, no kernel (demos and tests)")
     p.add_argument("--mock-period-ms", metavar="MS", help="ms between two mock batches")
-    p.add_argument("--duration", metavar="S", help="stop after this many seconds")
-    _switch(p, "--json", "one JSON object per flush window, and one summary object")
+    add_duration(p)
+    add_json(p, "one JSON object per flush window, and one summary object", default=None)
     p.add_argument(
         "-v",
         "--verbose",

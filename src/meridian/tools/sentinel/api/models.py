@@ -4,7 +4,9 @@ server so that the contract reads in one place.
 Requests are strict: an unknown field, a string where a number goes, a float for an
 integer or a value out of range is refused (400) before anything changes, and the
 ranges are the ones the kernel maps and the runtime accept, so a request the schema
-allows never fails later on the consumer thread. A field left out or null keeps its
+allows never fails later on the consumer thread. The settings' values (budgets, hard
+drop, event groups, targets) are the config's own types (config/fields.py): the same
+limits and the same words as in the YAML file. A field left out or null keeps its
 current value. Every limit is in the OpenAPI document, so that a client generated
 from it sends only what is accepted.
 """
@@ -15,7 +17,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     GetJsonSchemaHandler,
@@ -26,9 +27,26 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue, SkipJsonSchema
 from pydantic_core import CoreSchema
 
+from ..config.fields import (
+    GROUP_RULE,
+    GROUP_SIZE,
+    GROUPS_RULE,
+    GROUPS_SIZE,
+    MAX_TARGETS,
+    U64,
+    Budget,
+    EventName,
+    HardDropNs,
+    ModeName,
+    Pid,
+    RawCode,
+    U32Int,
+    U64Int,
+    Whole,
+    rule,
+)
 from ..model.dataobjects import DataObject
 from ..pipeline.targets import KEYS
-from ..sources.pmu_events import LOGICAL
 
 __all__ = [
     "DataObjectBody",
@@ -51,52 +69,13 @@ __all__ = [
     "TokenBucketOut",
 ]
 
-U32 = (1 << 32) - 1
-U64 = (1 << 64) - 1
-PID_MAX = 1 << 22  # PID_MAX_LIMIT: no process or thread id is above it
-MAX_BUDGET = 10_000_000  # samples/s per CPU: far above any PMU's sampling rate
-MAX_HARD_DROP_NS = 3600 * 10**9
-MAX_GROUPS = 16
-MAX_EVENTS = 16  # kernel.MAX_SLOTS: events open at once
-MAX_TARGETS = 1024  # ms_target_pids' size: every pid target fits the kernel map
 MAX_LIST = 10_000  # registrations a GET returns at most
 
-
-def _whole(value: object) -> object:
-    """5.0 is an integer to JSON Schema (and so to the document): taken as 5; 5.5 and
-    strings are still refused."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-# the validator after the bounds, so that the document keeps them
-Whole = BeforeValidator(_whole)
-Budget = Annotated[int, Field(gt=0, le=MAX_BUDGET, description="samples per second per CPU"), Whole]
-HardDrop = Annotated[int, Field(ge=0, le=MAX_HARD_DROP_NS), Whole]
-Pid = Annotated[int, Field(ge=1, le=PID_MAX), Whole]
-U32Int = Annotated[int, Field(ge=0, le=U32), Whole]
-U64Int = Annotated[int, Field(ge=0, le=U64), Whole]
 Address = U64Int
 NoNull = SkipJsonSchema[None]  # optional, but not nullable in the schema
-
-
-def _event_pattern() -> str:
-    """Logical names (hardware ones with perf's :p, :pp or :ppp) or raw codes that
-    fit 64 bits: exactly what events.parse_event takes, written the canonical way."""
-    hw = "|".join(n for n, s in LOGICAL.items() if s.hardware)
-    sw = "|".join(n for n, s in LOGICAL.items() if not s.hardware)
-    hexa = "[0-9a-f]{1,16}"
-    raw = f"(?:raw:(?:0x)?|r){hexa}(?::(?:0x)?{hexa})?"
-    return f"^(?:(?:{hw}|{raw})(?::p{{1,3}})?|{sw})$"
-
-
-EventName = Annotated[
-    str, Field(pattern=_event_pattern(), description="a logical event or raw:0xCODE[:0xCONFIG1]")
-]
-RawCode = Annotated[int, Field(ge=0, le=U64, description="a raw PMU event code"), Whole]
-Group = Annotated[list[EventName | RawCode], Field(min_length=1, max_length=MAX_EVENTS)]
-Groups = Annotated[list[Group], Field(min_length=1, max_length=MAX_GROUPS)]
+# a mode's event groups as the config takes them, or raw codes as numbers
+Group = Annotated[list[EventName | RawCode], GROUP_SIZE, GROUP_RULE]
+Groups = Annotated[list[Group], GROUPS_SIZE, GROUPS_RULE]
 # a flow id as a number, as /metrics' 16 hex digits, or 0x-hex
 FlowId = U64Int | Annotated[str, Field(pattern=r"^(?:0x[0-9a-fA-F]{1,16}|[0-9a-fA-F]{16})$")]
 
@@ -159,13 +138,13 @@ class ErrorOut(Out):
 
 
 class ModeBody(Body):
-    mode: Literal["sentinel", "diagnostic", "auto"] = Field(
+    mode: Literal[ModeName, "auto"] = Field(
         description="pin a mode; auto: back to the mode controller's choice"
     )
 
 
 class ModeOut(Out):
-    mode: Literal["sentinel", "diagnostic"]
+    mode: ModeName
     pinned: bool = Field(description="set by the control plane, not by the controller")
 
 
@@ -176,7 +155,7 @@ class TokenBucketBody(Body):
 
     sentinel_samples_per_sec: Budget | NoNull = None
     diagnostic_samples_per_sec: Budget | NoNull = None
-    hard_drop_ns: HardDrop | NoNull = Field(
+    hard_drop_ns: HardDropNs | NoNull = Field(
         default=None, description="drop everything this long once empty"
     )
     samples_per_sec: Budget | NoNull = Field(
@@ -200,7 +179,7 @@ class TokenBucketOut(Out):
     diagnostic_samples_per_sec: int
     hard_drop_ns: int
     samples_per_sec: int = Field(description="the budget in force: the current mode's")
-    mode: Literal["sentinel", "diagnostic"]
+    mode: ModeName
 
 
 class PmuConfigBody(Body):
@@ -247,7 +226,9 @@ class DataObjectBody(Body):
     address: Address
     name: str = Field(min_length=1, max_length=512)
     type: Annotated[str, Field(min_length=1, max_length=512)] | NoNull = None
-    size: Annotated[int, Field(ge=1, le=U64), Whole] | NoNull = None
+    size: Annotated[int, Field(ge=1, le=U64), rule(f"must be from 1 to {U64}"), Whole] | NoNull = (
+        None
+    )
 
 
 class DataObjectsOut(Out):
@@ -303,7 +284,7 @@ class StorageOut(Out):
 
 
 class StatusOut(Out):
-    mode: Literal["sentinel", "diagnostic"]
+    mode: ModeName
     pinned: bool
     source: str
     events: list[str]

@@ -1,37 +1,32 @@
 """The configuration of `meridian sentinel`: one YAML file with the seed's key names,
-nested dataclasses with every default, strict validation, and the command-line flags
-laid over it.
+read into the settings model (schema.py), the command-line flags laid over it, and
+printed back (`--print-config`).
 
 Sections: `perf` (budgets, events, rotation), `mode` (hysteresis, safety level),
 `anomaly` (interfaces, EWMA baselines, triggers), `aggregator`, `metrics`, `mock`,
-`targets`, `run` (duration and output), and `control_plane` / `clickhouse`, read by
-part 2. Budgets are samples per second per CPU, as the kernel's per-CPU token bucket.
-Durations are seconds, or a string with a unit (`250ms`, `2s`, `1m`); keys ending in
-`_ns` are integer nanoseconds.
+`targets`, `run` (duration and output), and `control_plane` / `clickhouse`.
 
-Every mistake is a `UsageError` of one line naming the key and the value: malformed
-YAML, an unknown key (with the closest known one), a wrong type, a negative budget,
-an unknown event name. PyYAML is imported only to read a file; `dump_config` writes
-YAML without it, so `--print-config` works everywhere.
-
-This module reads, merges and prints; the keys and their defaults are in
-`config_schema`, reading one value in `config_values`, the rules in `config_rules`.
+Every mistake is a `UsageError` of one line naming the key (or the flag) and the
+value: malformed YAML, an unknown key (with the closest known one), a wrong type, a
+value out of its limits, an unknown event name. PyYAML is imported only to read a
+file; `dump_config` writes YAML without it, so `--print-config` works everywhere.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from ....errors import ExtraMissing, UsageError
-from .rules import parse_groups, validate
+from .fields import parse_groups
+from .messages import problem, show_value
 from .schema import SentinelConfig
-from .values import copy_value, key_fields, set_key, show_value, unknown_key
 
 __all__ = [
     "SentinelConfig",
@@ -40,29 +35,28 @@ __all__ = [
     "merge_args",
     "parse_config",
     "parse_groups",
-    "validate",
 ]
 
 
-def _from_mapping(data: Mapping[Any, Any]) -> SentinelConfig:
-    cfg = SentinelConfig()
-    sections = key_fields(cfg)
-    for sname, body in data.items():
-        sname = str(sname)
-        if sname not in sections:
-            raise unknown_key(sname, list(sections), "")
-        if body is None:
-            continue
-        if not isinstance(body, Mapping):
-            raise UsageError(f"{sname}: expected a mapping of keys, got {show_value(body)}")
-        section = getattr(cfg, sname)
-        keys = key_fields(section)
-        for key, value in body.items():
-            key = str(key)
-            if key not in keys:
-                raise unknown_key(key, list(keys), sname)
-            set_key(section, key, value, f"{sname}.{key}")
-    return cfg
+def _build(
+    data: Mapping[str, Any], label: Callable[[str], str] = str, strict: bool = True
+) -> SentinelConfig:
+    """`data` (sections of keys) as the settings model; `strict` False converts text,
+    as flags are."""
+    try:
+        return SentinelConfig.model_validate(data, strict=strict)
+    except ValidationError as exc:
+        raise problem(exc.errors(), SentinelConfig, data, label) from None
+
+
+def _sections(data: Mapping[Any, Any]) -> dict[str, Any]:
+    """YAML's mapping with text keys; an empty section (`clickhouse:`) is no key set."""
+    out: dict[str, Any] = {}
+    for name, body in data.items():
+        if isinstance(body, Mapping):
+            body = {str(k): v for k, v in body.items()}
+        out[str(name)] = {} if body is None else body
+    return out
 
 
 def parse_config(text: str, origin: str = "config") -> SentinelConfig:
@@ -76,26 +70,22 @@ def parse_config(text: str, origin: str = "config") -> SentinelConfig:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UsageError(f"{origin}: not valid YAML{where}: {problem}") from None
+        detail = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(f"{origin}: not valid YAML{where}: {detail}") from None
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
         raise UsageError(f"{origin}: expected a mapping of sections, got {show_value(data)}")
     try:
-        cfg = _from_mapping(data)
-        validate(cfg)
+        return _build(_sections(data))
     except UsageError as exc:
         raise UsageError(f"{origin}: {exc}") from None
-    return cfg
 
 
 def load_config(path: str | os.PathLike[str] | None) -> SentinelConfig:
     """The config in YAML file `path` (None: every default)."""
     if path is None:
-        cfg = SentinelConfig()
-        validate(cfg)
-        return cfg
+        return SentinelConfig()
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -137,58 +127,55 @@ FLAGS: dict[str, tuple[str, str]] = {
     "json": ("run.json", "--json"),
     "verbose": ("run.verbose", "-v"),
 }
+# a flag that names what to serve or store turns it on
+_TURNS_ON = {
+    "metrics.listen_port": "metrics.enabled",
+    "control_plane.listen_port": "control_plane.enabled",
+    "clickhouse.data_dir": "clickhouse.enabled",
+    "clickhouse.url": "clickhouse.enabled",
+}
 
 
-def _clone(cfg: SentinelConfig) -> SentinelConfig:
-    out = SentinelConfig()
-    for s in key_fields(cfg):
-        sec = getattr(cfg, s)
-        copies = {k: copy_value(getattr(sec, k)) for k in key_fields(sec)}
-        setattr(out, s, dataclasses.replace(sec, **copies))
-    return out
+def _event_groups(events: Any) -> list[list[str]] | None:
+    """`--events A,B;C` (or a repeated flag's list, one group per item) as groups."""
+    if events is None:
+        return None
+    texts = events if isinstance(events, (list, tuple)) else str(events).split(";")
+    groups = [[e.strip() for e in str(g).split(",") if e.strip()] for g in texts]
+    groups = [g for g in groups if g]
+    if not groups:
+        raise UsageError(f"--events: name at least one event, e.g. cycles, got {events!r}")
+    return groups
 
 
 def merge_args(cfg: SentinelConfig, args: argparse.Namespace) -> SentinelConfig:
     """A copy of `cfg` with every flag that was given (not None) laid over it, checked
     again; messages name the flag. `--events A,B;C` sets the groups of both modes
-    (`;` separates groups that take turns on the PMU; a repeated flag's list gives
-    one group per item)."""
-    out = _clone(cfg)
+    (`;` separates groups that take turns on the PMU)."""
+    data = cfg.model_dump()
     given: dict[str, str] = {}
+
+    def put(key: str, value: Any, flag: str) -> None:
+        section, name = key.split(".")
+        data[section][name] = value
+        given[key] = flag
+
     for dest, (key, flag) in FLAGS.items():
         value = getattr(args, dest, None)
-        if value is None:
-            continue
-        sname, name = key.split(".")
-        if isinstance(value, tuple):
-            value = list(value)
-        set_key(getattr(out, sname), name, value, flag, text_ok=True)
-        given[key] = flag
-    events = getattr(args, "events", None)
-    if events is not None:
-        texts = events if isinstance(events, (list, tuple)) else str(events).split(";")
-        groups = [[e.strip() for e in str(g).split(",") if e.strip()] for g in texts]
-        groups = [g for g in groups if g]
-        if not groups:
-            raise UsageError(f"--events: name at least one event, e.g. cycles, got {events!r}")
-        out.perf.sentinel_groups = copy_value(groups)
-        out.perf.diagnostic_groups = copy_value(groups)
-        given["perf.sentinel_groups"] = given["perf.diagnostic_groups"] = "--events"
-    if given.get("metrics.listen_port"):
-        out.metrics.enabled = True
-    if given.get("control_plane.listen_port"):
-        out.control_plane.enabled = True
+        if value is not None:
+            put(key, list(value) if isinstance(value, tuple) else value, flag)
+    groups = _event_groups(getattr(args, "events", None))
+    if groups is not None:
+        put("perf.sentinel_groups", groups, "--events")
+        put("perf.diagnostic_groups", [list(g) for g in groups], "--events")
+    for key, switch in _TURNS_ON.items():
+        if given.get(key):
+            section, name = switch.split(".")
+            data[section][name] = True
     for key in ("control_plane.listen_address", "control_plane.token_file"):
-        if key in given and not out.control_plane.enabled:
+        if key in given and not data["control_plane"]["enabled"]:
             raise UsageError(f"{given[key]} needs --api-port (or control_plane.enabled: true)")
-    if given.get("clickhouse.data_dir") or given.get("clickhouse.url"):
-        out.clickhouse.enabled = True
-
-    def label(key: str) -> str:
-        return given.get(key, key)
-
-    validate(out, label)
-    return out
+    return _build(data, lambda key: given.get(key, key), strict=False)
 
 
 # --- printing ------------------------------------------------------------------------
@@ -203,7 +190,7 @@ def _yaml_scalar(v: Any) -> str:
         return str(v)
     if isinstance(v, float):
         text = repr(v)
-        if "e" in text or "inf" in text or "nan" in text:  # PyYAML reads 1e-06 as a string
+        if "e" in text:  # PyYAML reads 1e-06 as a string
             text = f"{v:.20f}".rstrip("0")
             text += "0" if text.endswith(".") else ""
         return text
@@ -221,11 +208,11 @@ def dump_config(cfg: SentinelConfig | None = None) -> str:
         "# Budgets are samples per second per CPU. Durations are seconds or strings such",
         '# as "250ms", "2s", "1m"; keys ending in _ns are integer nanoseconds.',
     ]
-    for sname in key_fields(cfg):
+    for sname in type(cfg).model_fields:
         section = getattr(cfg, sname)
         doc = (type(section).__doc__ or "").strip().splitlines()[0]
         lines += ["", f"# {doc}", f"{sname}:"]
-        for name, (f, _) in key_fields(section).items():
-            lines.append(f"  # {f.metadata.get('doc', '')}")
+        for name, f in type(section).model_fields.items():
+            lines.append(f"  # {f.description or ''}")
             lines.append(f"  {name}: {_yaml_scalar(getattr(section, name))}")
     return "\n".join(lines) + "\n"

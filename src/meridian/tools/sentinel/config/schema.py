@@ -1,20 +1,40 @@
-"""The keys of `meridian sentinel`'s configuration: nested dataclasses holding every
-default, with a one-line description of each key (`dump_config` prints it). Kept apart
-from reading and checking, so a key is added in one place.
+"""The settings of `meridian sentinel`: one pydantic model per section with every key's
+default, type, limits and one-line description (`dump_config` prints it), read from
+YAML, laid over by flags, changed by the control plane through the same value types
+(fields.py), so that the three never disagree.
 
-Budgets are samples per second per CPU, as the kernel's per-CPU token bucket. Fields
-of kind `DURATION` are seconds; keys ending in `_ns` are integer nanoseconds.
+Types are strict (a YAML value must have its key's type; a flag's text is converted),
+unknown keys are refused, and a value assigned later (`cfg.perf.hard_drop_ns = 5`)
+is checked as one read from a file. Budgets are samples per second per CPU, as the
+kernel's per-CPU token bucket; durations are seconds, or a string with a unit
+(`250ms`, `2s`, `1m`); keys ending in `_ns` are integer nanoseconds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import warnings
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+from .fields import (
+    DURATION,
+    MAX_TARGETS,
+    Budget,
+    EventGroups,
+    HardDropNs,
+    IfName,
+    ModeName,
+    Port,
+    U32Int,
+    U64Int,
+    Whole,
+    rule,
+)
+from .messages import problem
 
 __all__ = [
-    "DIRECTIONS",
-    "DURATION",
-    "MODES",
     "AggregatorConfig",
     "AnomalyConfig",
     "ClickHouseConfig",
@@ -28,120 +48,174 @@ __all__ = [
     "TargetsConfig",
 ]
 
-MODES = ("sentinel", "diagnostic")
-DIRECTIONS = ("rx", "tx", "both")
-DURATION = "duration"  # field metadata kind: seconds, or a string with a unit
+OneOrMore = Annotated[int, Field(ge=1), rule("must be 1 or more"), Whole]
+ZeroOrMore = Annotated[int, Field(ge=0), rule("must be 0 or more"), Whole]
+NotNegative = Annotated[float, Field(ge=0), rule("must be 0 or more")]
+Alpha = Annotated[float, Field(gt=0, le=1), rule("must be above 0 and at most 1")]
+Interval = Annotated[
+    float, Field(gt=0, le=3600), rule("must be above 0 and at most 3600 seconds"), DURATION
+]
+Host = Annotated[str, Field(pattern=r"\S"), rule("must be a host address")]
+FilePath = Annotated[str, Field(min_length=1), rule("must be a path or null")]
 
 
-def _doc(doc: str, kind: str = "") -> dict[str, str]:
-    """Field metadata: the one-line description dump_config prints, and a kind."""
-    return {"doc": doc, "kind": kind}
+def _key(default: Any, doc: str) -> Any:
+    """A key's default and its one-line description."""
+    return Field(default, description=doc)
 
 
-def _key(default: Any, doc: str, kind: str = "") -> Any:
-    """A field with an immutable default and its description."""
-    return field(default=default, metadata=_doc(doc, kind))
+def _list(doc: str, *default: Any) -> Any:
+    """A list key (its own copy of the default in every config) and its description."""
+    return Field(
+        default_factory=lambda: [list(d) if isinstance(d, list) else d for d in default],
+        description=doc,
+    )
 
 
-@dataclass
-class PerfConfig:
+class Settings(BaseModel):
+    """Strict, closed, and checked on assignment too. Built at first use, not at
+    import: every `meridian` command imports the config (the sentinel's parser does)."""
+
+    model_config = ConfigDict(
+        strict=True,
+        extra="forbid",
+        validate_assignment=True,
+        allow_inf_nan=False,
+        defer_build=True,
+    )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A bad value assigned is the one-line UsageError a file would get, and the
+        old value stays (a section's rules across keys see the new one stored)."""
+        old = self.__dict__.get(name)
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            self.__dict__[name] = old
+            where = [
+                s for s, f in SentinelConfig.model_fields.items() if f.annotation is type(self)
+            ]
+            data = {where[0]: {name: value}} if where else {name: value}
+            raise problem(exc.errors(), SentinelConfig, data, str, where[:1]) from None
+
+
+def _above(section: BaseModel, name: str, high: str, low: str) -> None:
+    """`high` must be above `low`: a rule across two keys of section `name`."""
+    hi, lo = getattr(section, high), getattr(section, low)
+    if not hi > lo:
+        ctx = {"key": high, "got": hi, "rule": f"must be above {name}.{low} ({lo})"}
+        raise PydanticCustomError("order", "{rule}", ctx)
+
+
+class PerfConfig(Settings):
     """What the kernel samples and how much of it."""
 
-    sentinel_samples_per_sec: int = _key(1000, "token bucket budget in sentinel mode, per CPU")
-    diagnostic_samples_per_sec: int = _key(10000, "token bucket budget in diagnostic mode, per CPU")
-    hard_drop_ns: int = _key(0, "after the bucket runs empty, drop every sample this long; 0: off")
-    frequency: int = _key(99, "sampling frequency of each event, Hz per CPU (-F; 99 as perf -F 99)")
-    sentinel_groups: list[list[str]] = field(
-        default_factory=lambda: [["cycles", "llc-misses"]],
-        metadata=_doc("event groups of sentinel mode (cheap), rotated"),
+    sentinel_samples_per_sec: Budget = _key(1000, "token bucket budget in sentinel mode, per CPU")
+    diagnostic_samples_per_sec: Budget = _key(
+        10000, "token bucket budget in diagnostic mode, per CPU"
     )
-    diagnostic_groups: list[list[str]] = field(
-        default_factory=lambda: [
-            ["cycles", "instructions", "llc-misses", "branch-misses"],
-            ["remote-dram", "hitm"],
-        ],
-        metadata=_doc("event groups of diagnostic mode (richer), rotated"),
+    hard_drop_ns: HardDropNs = _key(
+        0, "after the bucket runs empty, drop every sample this long; 0: off"
     )
-    rotation_window: float = _key(1.0, "seconds each event group holds the PMU", DURATION)
-    max_events_per_group: int = _key(4, "most events opened together in normal safety level")
-    xdp_interfaces: list[str] = field(
-        default_factory=lambda: [],
-        metadata=_doc("interfaces with an XDP flow-context hook (--xdp)"),
+    frequency: Annotated[
+        int, Field(ge=1, le=1_000_000), rule("must be from 1 to 1000000 Hz"), Whole
+    ] = _key(99, "sampling frequency of each event, Hz per CPU (-F; 99 as perf -F 99)")
+    sentinel_groups: EventGroups = _list(
+        "event groups of sentinel mode (cheap), rotated", ["cycles", "llc-misses"]
     )
+    diagnostic_groups: EventGroups = _list(
+        "event groups of diagnostic mode (richer), rotated",
+        ["cycles", "instructions", "llc-misses", "branch-misses"],
+        ["remote-dram", "hitm"],
+    )
+    rotation_window: Annotated[
+        float, Field(gt=0, le=86400), rule("must be above 0 and at most 86400 seconds"), DURATION
+    ] = _key(1.0, "seconds each event group holds the PMU")
+    max_events_per_group: OneOrMore = _key(4, "most events opened together in normal safety level")
+    xdp_interfaces: list[IfName] = _list("interfaces with an XDP flow-context hook (--xdp)")
 
 
-@dataclass
-class ModeConfig:
+class ModeConfig(Settings):
     """Mode controller and safety level."""
 
-    initial: str = _key("sentinel", "mode at start: sentinel or diagnostic (--mode)")
+    initial: ModeName = _key("sentinel", "mode at start: sentinel or diagnostic (--mode)")
     auto: bool = _key(True, "switch modes on samples/s (hysteresis) and anomaly signals")
-    hysteresis_high: float = _key(0.9, "to diagnostic when samples/s >= this x sentinel budget")
-    hysteresis_low: float = _key(0.5, "back to sentinel when samples/s < this x sentinel budget")
-    shed_high: float = _key(1.0, "shed heavy when offered samples/s > this x the mode's budget")
-    shed_low: float = _key(0.5, "back to normal when offered samples/s < this x the budget")
-    shed_max_events_per_group: int = _key(1, "most events per group while shedding")
+    hysteresis_high: NotNegative = _key(
+        0.9, "to diagnostic when samples/s >= this x sentinel budget"
+    )
+    hysteresis_low: NotNegative = _key(
+        0.5, "back to sentinel when samples/s < this x sentinel budget"
+    )
+    shed_high: NotNegative = _key(
+        1.0, "shed heavy when offered samples/s > this x the mode's budget"
+    )
+    shed_low: NotNegative = _key(0.5, "back to normal when offered samples/s < this x the budget")
+    shed_max_events_per_group: OneOrMore = _key(1, "most events per group while shedding")
+
+    @model_validator(mode="after")
+    def _highs_above_lows(self) -> ModeConfig:
+        _above(self, "mode", "hysteresis_high", "hysteresis_low")
+        _above(self, "mode", "shed_high", "shed_low")
+        return self
 
 
-@dataclass
-class AnomalyConfig:
+class AnomalyConfig(Settings):
     """Throughput and latency anomaly monitor: a trigger forces diagnostic mode."""
 
     enabled: bool = _key(True, "watch throughput (and latency, with a probe file)")
-    interfaces: list[str] = field(
-        default_factory=lambda: [],
-        metadata=_doc("interfaces to watch in /proc/net/dev; empty: all but lo"),
+    interfaces: list[IfName] = _list("interfaces to watch in /proc/net/dev; empty: all but lo")
+    poll_interval: Interval = _key(1.0, "seconds between two readings")
+    throughput_direction: Literal["rx", "tx", "both"] = _key(
+        "rx", "bytes counted: rx (as the seed), tx or both"
     )
-    poll_interval: float = _key(1.0, "seconds between two readings", DURATION)
-    throughput_direction: str = _key("rx", "bytes counted: rx (as the seed), tx or both")
-    throughput_ewma_alpha: float = _key(0.2, "weight of a new reading in the baseline, (0, 1]")
-    throughput_ratio_trigger: float = _key(0.5, "trigger when throughput / baseline < this, (0, 1)")
-    throughput_min_bps: float = _key(
+    throughput_ewma_alpha: Alpha = _key(0.2, "weight of a new reading in the baseline, (0, 1]")
+    throughput_ratio_trigger: Annotated[
+        float, Field(gt=0, lt=1), rule("must be between 0 and 1 (a drop)")
+    ] = _key(0.5, "trigger when throughput / baseline < this, (0, 1)")
+    throughput_min_bps: NotNegative = _key(
         1e6, "no throughput trigger while the baseline is below this many bits/s"
     )
-    latency_probe_path: str | None = _key(
+    latency_probe_path: FilePath | None = _key(
         None, "file holding one latency in microseconds, rewritten by a probe"
     )
-    latency_ewma_alpha: float = _key(0.2, "weight of a new latency in its baseline, (0, 1]")
-    latency_ratio_trigger: float = _key(2.0, "trigger when latency / baseline > this, > 1")
-    refractory_period: float = _key(
-        30.0,
-        "seconds diagnostic mode is held after a trigger; triggers meanwhile ignored",
-        DURATION,
+    latency_ewma_alpha: Alpha = _key(0.2, "weight of a new latency in its baseline, (0, 1]")
+    latency_ratio_trigger: Annotated[float, Field(gt=1), rule("must be above 1 (a spike)")] = _key(
+        2.0, "trigger when latency / baseline > this, > 1"
     )
+    refractory_period: Annotated[
+        float, Field(ge=0), rule("must be 0 or more seconds"), DURATION
+    ] = _key(30.0, "seconds diagnostic mode is held after a trigger; triggers meanwhile ignored")
 
 
-@dataclass
-class AggregatorConfig:
+class AggregatorConfig(Settings):
     """Rollups of samples per flow, function, stack, event and time bucket."""
 
-    time_window_ns: int = _key(1_000_000_000, "time bucket of a rollup, ns")
-    flush_interval: float = _key(1.0, "seconds between two flushes (table, metrics)", DURATION)
-    skew_window_ns: int = _key(200_000, "a sample may wait this long for its packet, ns")
+    time_window_ns: Annotated[int, Field(ge=1_000_000), rule("must be 1 ms or more"), Whole] = _key(
+        1_000_000_000, "time bucket of a rollup, ns"
+    )
+    flush_interval: Interval = _key(1.0, "seconds between two flushes (table, metrics)")
+    skew_window_ns: ZeroOrMore = _key(200_000, "a sample may wait this long for its packet, ns")
 
 
-@dataclass
-class MetricsConfig:
+class MetricsConfig(Settings):
     """The OpenMetrics endpoint (/metrics)."""
 
     enabled: bool = _key(True, "serve /metrics")
-    listen_address: str = _key("127.0.0.1", "address to serve on (--metrics-address)")
-    listen_port: int = _key(9102, "port to serve on, 0: any free port (--metrics-port)")
-    top_flows: int = _key(50, "flows with series of their own; the rest sum into flow=other")
+    listen_address: Host = _key("127.0.0.1", "address to serve on (--metrics-address)")
+    listen_port: Port = _key(9102, "port to serve on, 0: any free port (--metrics-port)")
+    top_flows: OneOrMore = _key(50, "flows with series of their own; the rest sum into flow=other")
 
 
-@dataclass
-class ControlPlaneConfig:
+class ControlPlaneConfig(Settings):
     """The HTTP control plane (part 2)."""
 
     enabled: bool = _key(False, "serve the /api/v1 control plane")
-    listen_address: str = _key("127.0.0.1", "address of the control plane")
-    listen_port: int = _key(9103, "port of the control plane")
-    token_file: str | None = _key(None, "file with a bearer token the API requires")
+    listen_address: Host = _key("127.0.0.1", "address of the control plane")
+    listen_port: Port = _key(9103, "port of the control plane")
+    token_file: FilePath | None = _key(None, "file with a bearer token the API requires")
 
 
-@dataclass
-class ClickHouseConfig:
+class ClickHouseConfig(Settings):
     """Storage of rollups, raw samples, stacks and data objects (part 2)."""
 
     enabled: bool = _key(False, "store rollups and samples in ClickHouse")
@@ -150,37 +224,42 @@ class ClickHouseConfig:
     user: str = _key("default", "ClickHouse user")
     password_file: str | None = _key(None, "file holding the ClickHouse password")
     database: str = _key("default", "ClickHouse database")
-    batch_rows: int = _key(10000, "rows per INSERT batch at most")
-    flush_interval: float = _key(1.0, "seconds before a partial batch is sent", DURATION)
-    spool_max_bytes: int = _key(1 << 30, "on-disk queue while the server is unreachable")
+    batch_rows: OneOrMore = _key(10000, "rows per INSERT batch at most")
+    flush_interval: Interval = _key(1.0, "seconds before a partial batch is sent")
+    spool_max_bytes: ZeroOrMore = _key(1 << 30, "on-disk queue while the server is unreachable")
     raw_samples: bool = _key(False, "store every sample too (ms_raw_samples), not only rollups")
 
 
-@dataclass
-class MockConfig:
+class MockConfig(Settings):
     """The synthetic sample source (--perf-mock): no kernel needed."""
 
     enabled: bool = _key(False, "use the mock source instead of the kernel (--perf-mock)")
-    period_ms: int = _key(10, "ms between two mock sample batches (--mock-period-ms)")
+    period_ms: Annotated[int, Field(ge=1), rule("must be 1 ms or more"), Whole] = _key(
+        10, "ms between two mock sample batches (--mock-period-ms)"
+    )
     rng_seed: int = _key(1, "seed of the mock source's random numbers")
     rate: int = _key(1000, "samples/s the mock source generates, all CPUs together")
 
 
-@dataclass
-class TargetsConfig:
+class TargetsConfig(Settings):
     """What to sample; every list empty: everything."""
 
-    flow_ids: list[int] = field(
-        default_factory=lambda: [], metadata=_doc("flow ids (FNV-1a 64 of the 5-tuple)")
-    )
-    pids: list[int] = field(
-        default_factory=lambda: [], metadata=_doc("process ids (-p), filtered in the kernel")
-    )
-    tids: list[int] = field(default_factory=lambda: [], metadata=_doc("thread ids"))
-    cgroups: list[int] = field(default_factory=lambda: [], metadata=_doc("cgroup ids"))
-    ifindexes: list[int] = field(
-        default_factory=lambda: [], metadata=_doc("ingress interface indexes")
-    )
+    flow_ids: list[U64Int] = _list("flow ids (FNV-1a 64 of the 5-tuple)")
+    pids: list[U32Int] = _list("process ids (-p), filtered in the kernel")
+    tids: list[U32Int] = _list("thread ids")
+    cgroups: list[U64Int] = _list("cgroup ids")
+    ifindexes: list[U32Int] = _list("ingress interface indexes")
+
+    @model_validator(mode="after")
+    def _fit(self) -> TargetsConfig:
+        """As many targets as the control plane takes (every pid fits the kernel map)."""
+        lists = {k: getattr(self, k) for k in type(self).model_fields}
+        total = sum(len(v) for v in lists.values())
+        if total > MAX_TARGETS:
+            rule = f"at most {MAX_TARGETS} targets in all ({', '.join(lists)})"
+            ctx = {"key": max(lists, key=lambda k: len(lists[k])), "got": total, "rule": rule}
+            raise PydanticCustomError("too_many", "{rule}", ctx)
+        return self
 
     def as_targets(self) -> list[dict[str, int]]:
         """The target list of the control plane's `/api/v1/targets`: one key each."""
@@ -189,29 +268,33 @@ class TargetsConfig:
         return [{k: v} for k, vs in (*keys, *more) for v in vs]
 
 
-@dataclass
-class RunConfig:
-    """How long to run and what to print."""
+# `json` is the seed's key; it shadows BaseModel's deprecated json(), which nothing calls
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", 'Field name "json"', UserWarning)
 
-    duration: float | None = _key(None, "stop after this many seconds; null: at Ctrl-C", DURATION)
-    json: bool = _key(False, "print one JSON object per flush window (--json)")
-    verbose: int = _key(0, "detail on stderr: strategies, mode changes (-v)")
+    class RunConfig(Settings):
+        """How long to run and what to print."""
+
+        duration: (
+            Annotated[float, Field(gt=0), rule("must be above 0 seconds"), DURATION] | None
+        ) = _key(None, "stop after this many seconds; null: at Ctrl-C")
+        json: bool = _key(False, "print one JSON object per flush window (--json)")  # type: ignore[assignment]
+        verbose: ZeroOrMore = _key(0, "detail on stderr: strategies, mode changes (-v)")
 
 
-@dataclass
-class SentinelConfig:
+class SentinelConfig(Settings):
     """Everything `meridian sentinel` reads; `SentinelConfig()` is every default."""
 
-    perf: PerfConfig = field(default_factory=PerfConfig)
-    mode: ModeConfig = field(default_factory=ModeConfig)
-    anomaly: AnomalyConfig = field(default_factory=AnomalyConfig)
-    aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    control_plane: ControlPlaneConfig = field(default_factory=ControlPlaneConfig)
-    clickhouse: ClickHouseConfig = field(default_factory=ClickHouseConfig)
-    mock: MockConfig = field(default_factory=MockConfig)
-    targets: TargetsConfig = field(default_factory=TargetsConfig)
-    run: RunConfig = field(default_factory=RunConfig)
+    perf: PerfConfig = Field(default_factory=PerfConfig)
+    mode: ModeConfig = Field(default_factory=ModeConfig)
+    anomaly: AnomalyConfig = Field(default_factory=AnomalyConfig)
+    aggregator: AggregatorConfig = Field(default_factory=AggregatorConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    control_plane: ControlPlaneConfig = Field(default_factory=ControlPlaneConfig)
+    clickhouse: ClickHouseConfig = Field(default_factory=ClickHouseConfig)
+    mock: MockConfig = Field(default_factory=MockConfig)
+    targets: TargetsConfig = Field(default_factory=TargetsConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
 
     def budget(self, mode: str) -> int:
         """The per-CPU samples/s budget of a mode (`sentinel` or `diagnostic`)."""

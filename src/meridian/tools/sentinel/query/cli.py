@@ -18,7 +18,6 @@ from typing import Any, TextIO
 
 from ....errors import EnvironmentProblem, MeridianError, UsageError
 from ....output import fmt_scaled, print_table
-from ..config import ClickHouseConfig
 from ..storage import Backend, StoreUnavailable, default_state_dir, holder_pid, open_store
 from ..storage.chdb_backend import LOCK_NAME
 from .client import agent_url, fetch_flow, fetch_top_flows
@@ -169,6 +168,8 @@ def _agent_api(args: argparse.Namespace) -> str | None:
 def open_query_store(args: argparse.Namespace) -> Backend:
     """The store the flags name, opened; one-line errors for a missing directory, a
     store an agent holds, a server that does not answer."""
+    from ..config import ClickHouseConfig  # pydantic: only when a store is opened
+
     if args.clickhouse_url:
         cfg = ClickHouseConfig(
             url=args.clickhouse_url,
