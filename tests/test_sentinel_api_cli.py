@@ -18,6 +18,7 @@ from test_sentinel_api import PREFIX, call, ok
 from test_sentinel_e2e import free_port, mock_config, wait_for
 
 from meridian.tools.sentinel.agent.run import Runtime
+from meridian.tools.sentinel.agent.services import Services
 
 
 def sentinel(*args: str, code: str = "") -> subprocess.CompletedProcess[str]:
@@ -91,7 +92,8 @@ def test_kernel_maps_follow_the_api() -> None:
     port = cfg.control_plane.listen_port
     logged: list[str] = []
     rt = Runtime(cfg, lambda: make_source(cfg, logged.append), log=logged.append)
-    rt.start()
+    services = Services(cfg, rt, logged.append)
+    services.start()
     try:
         assert rt.source is not None
         maps = rt.source.obj.maps  # type: ignore[attr-defined]
@@ -116,5 +118,5 @@ def test_kernel_maps_follow_the_api() -> None:
         wait_for(lambda: pids() == (0, []), timeout=5)
         assert ok(port, "GET", "/status")["source"].startswith("cpu-clock")
     finally:
-        rt.stop()
+        services.stop()
     assert not [line for line in logged if "internal error" in line], logged

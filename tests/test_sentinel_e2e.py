@@ -273,6 +273,7 @@ def test_runtime_observers_control_and_stop() -> None:
     logged: list[str] = []
     rt = Runtime(mock_config(), src, observers=[rec, Broken()], log=logged.append)
     rt.start()
+    ctl = rt.control
     try:
         wait_for(lambda: len(rec.windows) >= 2)
         assert rec.batches and all(len(b.wall_ns) == len(b.samples) for b in rec.batches)
@@ -283,16 +284,16 @@ def test_runtime_observers_control_and_stop() -> None:
         assert len(w.rows) == len(w.rollups)
         assert sum(1 for line in logged if "Broken failed" in line) == 1  # said once, dropped
 
-        assert rt.set_mode("diagnostic").label == "diagnostic"
+        assert ctl.set_mode("diagnostic").label == "diagnostic"
         wait_for(lambda: set(src.events) >= {2, 3})  # the diagnostic group reached the source
-        st = rt.status()
+        st = ctl.status()
         assert st["mode"] == "diagnostic" and st["scale"] == 2.0
         assert st["events"] == ["cycles", "instructions", "llc-misses", "branch-misses"]
         assert st["samples_per_sec_budget"] == rt.cfg.perf.diagnostic_samples_per_sec
 
-        rt.set_budgets(diagnostic=5, hard_drop_ns=0)
+        ctl.set_budgets(diagnostic=5, hard_drop_ns=0)
         wait_for(lambda: src._budget == 5)
-        rt.set_targets([{"pid": PIDS[1]}])
+        ctl.set_targets([{"pid": PIDS[1]}])
         wait_for(lambda: list(src._targets) == [PIDS[1]])
         n = len(rec.windows)
         wait_for(lambda: len(rec.windows) >= n + 2)
@@ -305,7 +306,7 @@ def test_runtime_observers_control_and_stop() -> None:
     assert rec.closed == 1
     assert rec.windows[-1].final
     kept = sum(len(b.samples) for b in rec.batches)
-    assert sum(w.info.samples for w in rec.windows) == rt.status()["samples_delivered"]
+    assert sum(w.info.samples for w in rec.windows) == ctl.status()["samples_delivered"]
     assert sum(int(w.rows["samples"].sum()) for w in rec.windows) == kept  # none left behind
     assert rt.totals.samples == kept
 
@@ -313,6 +314,7 @@ def test_runtime_observers_control_and_stop() -> None:
 def test_runtime_start_failure_closes_what_it_opened() -> None:
     from meridian.errors import UsageError
     from meridian.tools.sentinel.agent.run import Runtime
+    from meridian.tools.sentinel.agent.services import Services
 
     cfg = mock_config()
     cfg.metrics.enabled = True
@@ -321,12 +323,14 @@ def test_runtime_start_failure_closes_what_it_opened() -> None:
     def no_source() -> Any:
         raise UsageError("no source here")
 
-    rt = Runtime(cfg, no_source)
+    rec = Recorder()
+    services = Services(cfg, Runtime(cfg, no_source, observers=[rec]), print)
     with pytest.raises(UsageError, match="no source here"):
-        rt.start()
+        services.start()
     with socket.socket() as s:  # the metrics port is free again
         s.bind(("127.0.0.1", cfg.metrics.listen_port))
-    rt.stop()
+    assert rec.closed == 1
+    services.stop()
 
 
 # ---- the real kernel ---------------------------------------------------------------
@@ -419,14 +423,15 @@ def test_a_group_the_source_refuses_keeps_the_running_events() -> None:
     logged: list[str] = []
     rt = Runtime(mock_config(), src, observers=[rec], log=logged.append)
     rt.start()
+    ctl = rt.control
     try:
         wait_for(lambda: len(rec.windows) >= 1)
-        before = rt.status()["events"]
-        rt.set_groups([["raw:0x1cd"]], [["raw:0x1cd"]])
+        before = ctl.status()["events"]
+        ctl.set_groups([["raw:0x1cd"]], [["raw:0x1cd"]])
         wait_for(lambda: any("cannot sample" in line for line in logged))
         n = len(rec.windows)
         wait_for(lambda: len(rec.windows) >= n + 2)  # still flushing windows
-        assert rt.running and rt.status()["events"] == before
+        assert ctl.status()["running"] and ctl.status()["events"] == before
         assert rec.windows[-1].info.samples > 0  # and still sampling
         refused = [line for line in logged if "cannot sample" in line]
         assert len(refused) == 1 and "raw" in refused[0] and "still sampling" in refused[0]

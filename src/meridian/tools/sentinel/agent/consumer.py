@@ -5,6 +5,7 @@ budget, pids) are applied between two polls."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -13,6 +14,12 @@ import numpy as np
 
 from ....errors import MeridianError
 from ..model.records import SampleSource
+from ..pipeline.aggregator import Aggregator
+from ..pipeline.clock import ClockCalibrator
+from ..pipeline.resolver import RuntimeNames
+from ..pipeline.skew import SkewAdjuster
+from ..pipeline.targets import TargetFilter
+from .plan import Plan
 from .state import Array, RuntimeState, SampleBatch
 
 __all__ = ["Consumer"]
@@ -25,124 +32,179 @@ CALIBRATE_S = 1.0
 DROPPED_S = 0.25  # how often the consumer reads the kernel's drop counters
 
 
-class Consumer(RuntimeState):
-    """The runtime's consumer thread (`_consume`)."""
+class FlowNamer:
+    """The source's flow names, asked for only when samples carry a flow it has not
+    named yet, and at most every NAMES_S (the kernel's reads its whole LRU map)."""
 
-    # ---- the consumer thread --------------------------------------------------------------
+    def __init__(self, names: RuntimeNames) -> None:
+        self.names = names
+        self._named = np.zeros(0, dtype=np.uint64)  # flow ids the source named, sorted
+        self._next = 0.0  # when the source may be asked again
 
-    def _consume(self) -> None:
-        src = self.source
-        agg = self.aggregator
-        assert src is not None and agg is not None
-        contexts = getattr(src, "contexts", None)  # packet contexts for the skew adjuster
-        next_cal = next_drop = 0
-        while not self._stop.is_set():
-            began = time.monotonic()
-            self._apply_requests(src)
-            now = self.clock()
-            with self._ctl:
-                turned = self.rotator.tick(now)
-            if turned is not None:
-                self._switch_events(src, turned)
-            samples, lbr = src.poll(POLL_S)
-            small = len(samples) < SMALL_BATCH
-            self._take(src, samples, lbr, contexts() if contexts is not None else None)
-            now = self.clock()
-            if now >= next_cal:
-                self.calibrator.calibrate(self.cpus)
-                next_cal = now + int(CALIBRATE_S * 1e9)
-            if now >= next_drop:
-                self._dropped = dict(src.dropped())
-                next_drop = now + int(DROPPED_S * 1e9)
-            self._taken.set()
-            # A batch costs per batch (polls of the maps, numpy calls in each stage): after
-            # a small one the source keeps what comes for a while (big ones come at once);
-            # a request, the flush (_catch_up) or stop() cuts the wait short.
-            left = began + BATCH_S - time.monotonic()
-            if small and left > 0:
-                self._wakeup.wait(left)
-                self._wakeup.clear()
-        # drain: stop the kernel sampling first (else what it emits between this poll
-        # and close() is lost, uncounted), then what the source still holds, then every
-        # sample waiting for its packet
-        halt = getattr(src, "stop_sampling", None)  # the kernel source's
-        if halt is not None:
-            halt()
-        samples, lbr = src.poll(0)
-        self._take(src, samples, lbr, contexts() if contexts is not None else None)
-        rest = self.skew.flush()
-        if len(rest):
-            self._add(self.targets.apply(rest), lbr[:0])
-
-    def _take(self, src: SampleSource, samples: Array, lbr: Array, ctx: Array | None) -> None:
-        if not len(samples) and (ctx is None or not len(ctx)) and not self.skew.pending:
-            return
-        self._delivered += len(samples)
-        ready = self.skew.push(samples, ctx, now_ns=self.clock())
-        self._name_flows(src, ready["flow_id"])
-        self._add(self.targets.apply(ready), lbr)
-
-    def _name_flows(self, src: SampleSource, flow_ids: Array) -> None:
-        """Ask the source for new flow names only when samples carry a flow it has not
-        named yet, and at most every NAMES_S (the kernel's reads its whole LRU map)."""
+    def update(self, src: SampleSource, flow_ids: Array) -> None:
         ids = np.unique(flow_ids)
         ids = ids[(ids != 0) & ~np.isin(ids, self._named, assume_unique=True)]
         if not len(ids):
             return
         now = time.monotonic()
-        if now < self._names_at:
+        if now < self._next:
             return
-        self._names_at = now + NAMES_S
+        self._next = now + NAMES_S
         new = src.new_flows()
         if not new:
             return
-        with self._names_lock:
-            self.flow_names.add(new)
+        flows = self.names.flows
+        with self.names.lock:
+            flows.add(new)
             named = np.union1d(self._named, np.array(list(new), dtype=np.uint64))
-            if len(named) > 2 * self.flow_names.max_flows:  # those FlowNames forgot
-                named = np.array(sorted(self.flow_names.ids()), dtype=np.uint64)
+            if len(named) > 2 * flows.max_flows:  # those FlowNames forgot
+                named = np.array(sorted(flows.ids()), dtype=np.uint64)
         self._named = named
+
+
+class Consumer:
+    """The `sentinel-consumer` thread's work (`run`): small batches come at most every
+    BATCH_S (the source buffers: what costs is the batch, not the sample), big ones
+    back to back, and one whenever the flush asks (`catch_up`)."""
+
+    def __init__(
+        self,
+        state: RuntimeState,
+        plan: Plan,
+        source: SampleSource,
+        aggregator: Aggregator,
+        *,
+        targets: TargetFilter,
+        calibrator: ClockCalibrator,
+        names: RuntimeNames,
+        cpus: Sequence[int],
+    ) -> None:
+        self.state = state
+        self.plan = plan
+        self.source = source
+        self.aggregator = aggregator
+        self.targets = targets
+        self.calibrator = calibrator
+        self.cpus = list(cpus)
+        self.skew = SkewAdjuster(state.cfg.aggregator.skew_window_ns)
+        self.flows = FlowNamer(names)
+        self._contexts = getattr(source, "contexts", None)  # packet contexts for the skew
+        self._refused: set[str] = set()  # event groups the source could not open (said once)
+        self._taken = threading.Event()  # a batch was taken (for catch_up)
+        self._polling = False
+
+    def open(self) -> None:
+        """Before the first poll: the plan's budget and first group, the targets, the
+        clock model. A group the source cannot open here ends the start."""
+        src = self.source
+        src.set_budget(*self.plan.budget)
+        src.set_targets(self.targets.pids())
+        self._set_events(self.plan.rotator.current())
+        self.calibrator.calibrate(self.cpus)
+
+    def run(self) -> None:
+        """Poll until the runtime stops, then drain the source."""
+        self._polling = True
+        try:
+            self._poll_loop()
+            self._drain()
+        finally:
+            self._polling = False
+
+    def catch_up(self, timeout: float) -> None:
+        """Have the thread take what the source holds now (it waits between small
+        batches), so that a window ends with the samples of its last moment."""
+        if not self._polling:
+            return
+        self._taken.clear()
+        self.state.wakeup.set()
+        self._taken.wait(timeout)
+
+    def _poll_loop(self) -> None:
+        state, src = self.state, self.source
+        next_cal = next_drop = 0
+        while not state.stopping.is_set():
+            began = time.monotonic()
+            self._apply_requests()
+            turned = self.plan.tick(state.clock())
+            if turned is not None:
+                self._switch_events(turned)
+            samples, lbr = src.poll(POLL_S)
+            small = len(samples) < SMALL_BATCH
+            self._take(samples, lbr)
+            now = state.clock()
+            if now >= next_cal:
+                self.calibrator.calibrate(self.cpus)
+                next_cal = now + int(CALIBRATE_S * 1e9)
+            if now >= next_drop:
+                state.dropped = dict(src.dropped())
+                next_drop = now + int(DROPPED_S * 1e9)
+            self._taken.set()
+            # A batch costs per batch (polls of the maps, numpy calls in each stage): after
+            # a small one the source keeps what comes for a while (big ones come at once);
+            # a request, the flush (catch_up) or stop() cuts the wait short.
+            left = began + BATCH_S - time.monotonic()
+            if small and left > 0:
+                state.wakeup.wait(left)
+                state.wakeup.clear()
+
+    def _drain(self) -> None:
+        """Stop the kernel sampling first (else what it emits between this poll and
+        close() is lost, uncounted), then take what the source still holds, then every
+        sample waiting for its packet."""
+        halt = getattr(self.source, "stop_sampling", None)  # the kernel source's
+        if halt is not None:
+            halt()
+        samples, lbr = self.source.poll(0)
+        self._take(samples, lbr)
+        rest = self.skew.flush()
+        if len(rest):
+            self._add(self.targets.apply(rest), lbr[:0])
+
+    def _take(self, samples: Array, lbr: Array) -> None:
+        ctx = self._contexts() if self._contexts is not None else None
+        if not len(samples) and (ctx is None or not len(ctx)) and not self.skew.pending:
+            return
+        self.state.delivered += len(samples)
+        ready = self.skew.push(samples, ctx, now_ns=self.state.clock())
+        self.flows.update(self.source, ready["flow_id"])
+        self._add(self.targets.apply(ready), lbr)
 
     def _add(self, samples: Array, lbr: Array) -> None:
         if not len(samples):
             return
-        assert self.aggregator is not None
         wall = self.calibrator.to_wall(samples["cpu"].astype(np.int64), samples["time_ns"])
-        scale = self.rotator.scale
+        scale = self.plan.rotator.scale
         self.aggregator.add(samples, scale, time_ns=wall)
-        self._kept += len(samples)
-        batch = SampleBatch(samples, wall, lbr, scale)
-        for obs in list(self.observers):
-            hook = getattr(obs, "on_samples", None)
-            if hook is not None:
-                self._call(obs, hook, batch)
+        self.state.kept += len(samples)
+        self.state.observers.samples(SampleBatch(samples, wall, lbr, scale))
 
-    def _set_events(self, src: SampleSource, group: Sequence[Any]) -> None:
+    def _set_events(self, group: Sequence[Any]) -> None:
         """Open a group; remember what the source really samples (after a fallback)."""
-        self._events_open = src.set_events(group)
+        src = self.source
+        src.set_events(group)
         opened = getattr(src, "opened", None)
-        self._event_names = [str(e.name) for e in (opened if opened is not None else group)]
-        self._source_name = src.name
+        self.state.events = [str(e.name) for e in (opened if opened is not None else group)]
+        self.state.source_name = src.name
 
-    def _switch_events(self, src: SampleSource, group: Sequence[Any]) -> None:
+    def _switch_events(self, group: Sequence[Any]) -> None:
         """A group asked for while running (rotation, mode, the API): one the source
         cannot open (a raw code the PMU refuses) is said once, and the events running
         stay, rather than ending the agent. At start, the same error ends it."""
         try:
-            self._set_events(src, group)
+            self._set_events(group)
         except MeridianError as exc:
             names = ", ".join(str(getattr(e, "name", e)) for e in group)
             if names not in self._refused:
                 self._refused.add(names)
-                running = ", ".join(self._event_names) or "-"
-                self.log(f"cannot sample {names}: {exc}; still sampling {running}")
+                running = ", ".join(self.state.events) or "-"
+                self.state.log(f"cannot sample {names}: {exc}; still sampling {running}")
 
-    def _apply_requests(self, src: SampleSource) -> None:
-        with self._ctl:
-            req, self._requests = self._requests, {}
+    def _apply_requests(self) -> None:
+        req = self.state.take_requests()
         if "budget" in req:
-            src.set_budget(*req["budget"])
+            self.source.set_budget(*req["budget"])
         if "pids" in req:
-            src.set_targets(req["pids"])
+            self.source.set_targets(req["pids"])
         if "events" in req:
-            self._switch_events(src, req["events"])
+            self._switch_events(req["events"])

@@ -1,8 +1,8 @@
 """`meridian sentinel` itself: the source it opens (the mock or the kernel's, with a
 ring sized for the rate), -v's description of it, the run with its views until
---duration, Ctrl-C or SIGTERM, and the summary. The agent it runs is agent.Runtime
-(its threads: consumer, flush, control, in modules of their own); the names part 2
-imports are here too."""
+--duration, Ctrl-C or SIGTERM, and the summary. The agent it runs is runtime.Runtime,
+with its services around it (services.py: /metrics, the control plane, the anomaly
+monitor); the names part 2 imports are here too."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, TextIO
 
 from ....bpf.perf import online_cpus
@@ -24,6 +23,7 @@ from ..outputs.live import JsonView, LiveView, render_summary, summary_json
 from ..pipeline.resolver import GONE_STACK, RuntimeNames, SymbolResolver
 from .findings import Findings
 from .runtime import Runtime
+from .services import Services
 from .state import Observer, SampleBatch
 
 __all__ = [
@@ -123,38 +123,28 @@ def _signals_held(ignore: bool = False) -> Iterator[list[int]]:
 
 
 def run_cli(cfg: SentinelConfig, out: TextIO, err: TextIO) -> int:
-    """`meridian sentinel` after the flags: the runtime with its views until
-    --duration, Ctrl-C or SIGTERM; then the summary."""
+    """`meridian sentinel` after the flags: the runtime with its services and views
+    until --duration, Ctrl-C or SIGTERM; then the summary."""
 
     def log(line: str) -> None:
         print(f"meridian sentinel: {line}", file=err)
         err.flush()
 
     rt = Runtime(cfg, lambda: make_source(cfg, log), log=log)
-    findings = Findings(DetectorContext(objects=rt.symbolizer), rt.names.flow)
-    rt.add_observer(findings)
-    rt.metrics.add_source(findings.families)
-    if cfg.clickhouse.enabled:
-        _add_store(rt, cfg, err)
-    live: LiveView | None = None
-    if cfg.run.json:
-        rt.add_observer(JsonView(out, rt.names, cfg.metrics.top_flows))
-    elif out.isatty():
-        live = LiveView(out, rt.names)
-        rt.add_observer(live)
+    live = _add_observers(rt, cfg, out, err)
+    services = Services(cfg, rt, log)
     failed: BaseException | None = None
-    announced: Path | None = None
     try:
         with _signals_held() as held:
-            rt.start()
+            services.start()
         if held:
             raise KeyboardInterrupt
         if cfg.run.verbose and rt.source is not None:
             for line in describe(rt.source):
                 log(line)
-        announced = _announce_api(rt, cfg)
-        if rt.server is not None and cfg.run.verbose:
-            log(f"metrics: http://{cfg.metrics.listen_address}:{rt.server.port}/metrics")
+        if services.metrics_server is not None and cfg.run.verbose:
+            port = services.metrics_server.port
+            log(f"metrics: http://{cfg.metrics.listen_address}:{port}/metrics")
         if live is not None:
             live.start()
         elif not cfg.run.json:
@@ -167,9 +157,7 @@ def run_cli(cfg: SentinelConfig, out: TextIO, err: TextIO) -> int:
         failed = exc
     finally:
         with _signals_held(ignore=True):
-            if announced is not None:
-                announced.unlink(missing_ok=True)
-            rt.stop()
+            services.stop()
             if failed is None and rt.started_ns:
                 _summary(rt, cfg, out)
     if failed is not None:
@@ -178,15 +166,22 @@ def run_cli(cfg: SentinelConfig, out: TextIO, err: TextIO) -> int:
     return 0
 
 
-def _announce_api(rt: Runtime, cfg: SentinelConfig) -> Path | None:
-    """With an API and an embedded store: the API's URL in the store, so that queries
-    (which cannot open the store while this agent holds it) ask this agent."""
-    store = getattr(rt.store_backend(), "path", None)
-    if rt.api is None or store is None:
+def _add_observers(rt: Runtime, cfg: SentinelConfig, out: TextIO, err: TextIO) -> LiveView | None:
+    """The detectors, the store, and the view (--json, or the live table on a
+    terminal); returns the live table, which starts with the run."""
+    findings = Findings(DetectorContext(objects=rt.symbolizer), rt.names.flow)
+    rt.add_observer(findings)
+    rt.metrics.add_source(findings.families)
+    if cfg.clickhouse.enabled:
+        _add_store(rt, cfg, err)
+    if cfg.run.json:
+        rt.add_observer(JsonView(out, rt.names, cfg.metrics.top_flows))
         return None
-    from ..storage.announce import announce
-
-    return announce(Path(store), cfg.control_plane.listen_address, rt.api.port)
+    if out.isatty():
+        live = LiveView(out, rt.names)
+        rt.add_observer(live)
+        return live
+    return None
 
 
 def _add_store(rt: Runtime, cfg: SentinelConfig, err: TextIO) -> None:

@@ -1,35 +1,23 @@
-"""What the runtime's threads share: the batch handed to observers, the observer
-protocol, and `RuntimeState`, the attributes every part of the runtime (agent,
-consumer, flush, control) reads and writes, declared once so that each part is a
-module of its own with the helpers they all call."""
+"""What the runtime's parts share: the batch handed to observers, the observers
+themselves, and `RuntimeState`, the few things that the consumer, the flush and the
+control plane all read or write. Everything else a part needs is given to its
+constructor, so that its dependencies show there."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..config.load import SentinelConfig
-from ..model.flows import FlowNames
-from ..model.records import SampleSource
-from ..model.window import Totals, Window, WindowInfo
-from ..outputs.metrics import SentinelMetrics
-from ..pipeline.aggregator import Aggregator
-from ..pipeline.clock import ClockCalibrator
-from ..pipeline.modes import Mode, ModeController, SafetyGovernor
-from ..pipeline.resolver import RuntimeNames
-from ..pipeline.rotator import PmuRotator
-from ..pipeline.skew import SkewAdjuster
-from ..pipeline.targets import TargetFilter
+from ..model.window import Window, WindowInfo
+from ..pipeline.anomaly import AnomalyGauges
 
-if TYPE_CHECKING:
-    from ..symbols.symbolizer import Symbolizer
-
-__all__ = ["Array", "Observer", "RuntimeState", "SampleBatch"]
+__all__ = ["Array", "Observer", "Observers", "RuntimeState", "SampleBatch"]
 
 Array = np.ndarray[Any, Any]
 
@@ -63,83 +51,108 @@ class Observer(Protocol):
     def close(self) -> None: ...
 
 
-class RuntimeState:
-    """The runtime's attributes (set by Runtime.__init__) and the helpers every
-    thread uses. Shared state changes under `_ctl`."""
+class Observers:
+    """The sinks and detectors, each hook called on its own thread. One that raises is
+    said once and dropped, so that a broken sink cannot end the agent; a reader gone
+    away (`| head`) ends it."""
 
-    cfg: SentinelConfig
-    source: SampleSource | None
-    log: Callable[[str], None]
-    clock: Callable[[], int]
-    cpus: list[int]
-    symbolizer: Symbolizer
-    observers: list[Observer]
-    flow_names: FlowNames
-    names: RuntimeNames
-    metrics: SentinelMetrics
-    totals: Totals
-    mode_controller: ModeController
-    governor: SafetyGovernor
-    rotator: PmuRotator[Any]
-    targets: TargetFilter
-    skew: SkewAdjuster
-    calibrator: ClockCalibrator
-    aggregator: Aggregator | None
-    anomaly: Any
-    labelled: dict[str, int]
-    started_ns: int
-    stopped_ns: int
-    _names_lock: threading.Lock
-    _groups: dict[str, Any]
-    _anomaly_gauges: Any
-    _ctl: threading.Lock
-    _requests: dict[str, Any]
-    _wakeup: threading.Event
-    _taken: threading.Event
-    _mode: Mode
-    _budget: tuple[int, int]
-    _events_open: float
-    _source_name: str
-    _event_names: list[str]
-    _refused: set[str]
-    _delivered: int
-    _kept: int
-    _named: Array
-    _names_at: float
-    _dropped: dict[str, int]
-    _last_flush: int
-    _last_delivered: int
-    _last_offered_drops: int
-    _window_index: int
-    _last_info: WindowInfo | None
-    _stop: threading.Event
-    _threads: dict[str, threading.Thread]
-    _failed_observers: set[int]
-    _started: bool
+    def __init__(
+        self, observers: Iterable[Observer], log: Callable[[str], None], stopping: threading.Event
+    ) -> None:
+        self._list: list[Observer] = list(observers)
+        self._log = log
+        self._stopping = stopping
+        self._failed: set[int] = set()
 
-    @property
-    def running(self) -> bool:
-        return self._started and not self._stop.is_set()
+    def add(self, obs: Observer) -> None:
+        self._list.append(obs)
 
-    def _post(self, what: str, value: Any) -> None:
-        """A request for the consumer (under _ctl), which it applies at once."""
-        self._requests[what] = value
-        self._wakeup.set()
+    def samples(self, batch: SampleBatch) -> None:
+        """`on_samples` of those that have it (the consumer thread)."""
+        for obs in list(self._list):
+            hook = getattr(obs, "on_samples", None)
+            if hook is not None:
+                self._call(obs, hook, batch)
 
-    # ---- observers ----------------------------------------------------------------------
+    def window(self, window: Window) -> None:
+        """`on_window` of every observer (the flush thread, then stop())."""
+        for obs in list(self._list):
+            hook = getattr(obs, "on_window", None)
+            if hook is not None:
+                self._call(obs, hook, window)
 
-    def add_observer(self, obs: Observer) -> None:
-        """Plug in a sink or detector (before or while running)."""
-        self.observers.append(obs)
+    def close(self) -> None:
+        for obs in self._list:
+            close = getattr(obs, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception as exc:  # one sink must not keep the others open
+                    self._log(f"closing {type(obs).__name__}: {exc}")
+
+    def sink(self) -> Any:
+        """The first observer's sink (storage's StoreWriter), None when nothing is stored."""
+        for obs in list(self._list):
+            sink = getattr(obs, "sink", None)
+            if callable(getattr(sink, "stats", None)):
+                return sink
+        return None
 
     def _call(self, obs: Observer, hook: Callable[[Any], None], arg: Any) -> None:
         try:
             hook(arg)
         except BrokenPipeError:
-            self._stop.set()  # the reader went away (| head)
+            self._stopping.set()  # the reader went away (| head)
         except Exception as exc:
-            if id(obs) not in self._failed_observers:
-                self._failed_observers.add(id(obs))
-                self.log(f"{type(obs).__name__} failed and is dropped: {exc}")
+            if id(obs) not in self._failed:
+                self._failed.add(id(obs))
+                self._log(f"{type(obs).__name__} failed and is dropped: {exc}")
             with contextlib.suppress(ValueError):
-                self.observers.remove(obs)
+                self._list.remove(obs)
+
+
+class RuntimeState:
+    """What the runtime's parts share. `lock` guards `requests` and the plan
+    (plan.py); each counter has one writer and is read as it is."""
+
+    def __init__(
+        self,
+        cfg: SentinelConfig,
+        log: Callable[[str], None],
+        clock: Callable[[], int],
+        observers: Iterable[Observer] = (),
+    ) -> None:
+        self.cfg = cfg
+        self.log = log
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()  # stop() or a failed thread: every loop ends
+        self.wakeup = threading.Event()  # a request (or stop) for the consumer, now
+        self.requests: dict[str, Any] = {}  # for the consumer: events, budget, pids
+        self.observers = Observers(observers, log, self.stopping)
+        self.started = False
+        # the consumer's: what the source delivered and what was kept
+        self.source_name = "-"
+        self.events: list[str] = []  # what the source really samples (after a fallback)
+        self.delivered = 0  # samples polled, cumulative
+        self.kept = 0  # after the target filter
+        self.dropped: dict[str, int] = {}
+        # the flush's: samples kept under a label instead of a symbol or frames
+        # (cumulative), and the last window
+        self.labelled = {"function_unresolved": 0, "stack_unresolved": 0, "stack_gone": 0}
+        self.last_info: WindowInfo | None = None
+        self.anomaly = AnomalyGauges()  # the anomaly monitor's latest readings
+
+    @property
+    def running(self) -> bool:
+        return self.started and not self.stopping.is_set()
+
+    def post(self, what: str, value: Any) -> None:
+        """A request for the consumer, which applies it between two polls. Under `lock`."""
+        self.requests[what] = value
+        self.wakeup.set()
+
+    def take_requests(self) -> dict[str, Any]:
+        with self.lock:
+            req, self.requests = self.requests, {}
+        return req

@@ -1,6 +1,7 @@
-"""The control plane's server: uvicorn on a thread of its own, owned by the runtime
-(agent.start serves it, stop closes it). Apart from api.py so that the agent imports
-it without the `api` extra, and a missing extra is one line naming it.
+"""The control plane's server: uvicorn on a thread of its own, started and closed
+around the runtime by the agent's services (agent/services.py). Apart from app.py so
+that the agent imports it without the `api` extra, and a missing extra is one line
+naming it.
 
 The socket is bound here, before anything is loaded into the kernel, so that a port
 in use or an address that does not exist is a one-line UsageError, as for
