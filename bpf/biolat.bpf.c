@@ -20,6 +20,9 @@ const volatile bool filter_dev_on = false;
 const volatile __u32 filter_dev = 0;
 const volatile bool track_depth = false;	/* --depth: requests in flight per device */
 const volatile bool slow_on = false;
+/* No block_io_start (before 6.5): the submitter is the task at insert, or at issue when
+ * the request skipped the queue (issued directly, in the submitter's context). */
+const volatile bool submitter_at_issue = false;
 const volatile __u64 slow_ns = 0;
 const volatile __u64 wakeup_bytes = 1;
 
@@ -94,13 +97,18 @@ static __always_inline void size_add(__u32 dev, enum biolat_op op, __u32 bytes)
 	__sync_fetch_and_add(n, 1);
 }
 
+static __always_inline void note_submitter(struct req_state *st)
+{
+	st->pid = bpf_get_current_pid_tgid() >> 32;
+	bpf_get_current_comm(&st->comm, sizeof(st->comm));
+}
+
 /* The submitting thread allocates the request: remember who it was. */
 static __always_inline void start_req(const struct req_key *k)
 {
 	struct req_state st = {};
 
-	st.pid = bpf_get_current_pid_tgid() >> 32;
-	bpf_get_current_comm(&st.comm, sizeof(st.comm));
+	note_submitter(&st);
 	if (bpf_map_update_elem(&reqs, k, &st, BPF_ANY))
 		COUNT(reqs_full);
 }
@@ -123,8 +131,11 @@ static __always_inline void insert_req(const struct req_key *k)
 {
 	struct req_state *st = find_or_add(k);
 
-	if (st)
-		st->insert_ns = bpf_ktime_get_ns();
+	if (!st)
+		return;
+	st->insert_ns = bpf_ktime_get_ns();
+	if (submitter_at_issue && !st->pid)
+		note_submitter(st);
 }
 
 static __always_inline void issue_req(const struct req_key *k, __u32 dev, enum biolat_op op,
@@ -144,6 +155,8 @@ static __always_inline void issue_req(const struct req_key *k, __u32 dev, enum b
 	st = find_or_add(k);
 	if (!st)
 		return;
+	if (submitter_at_issue && !st->pid && !st->issue_ns)
+		note_submitter(st);
 	if (targ_queued && st->insert_ns && !st->issue_ns)
 		hist_add(dev, op, BIOLAT_KIND_QUEUE, bytes,
 			 in_units(now - st->insert_ns, latency_unit_ns), now - st->insert_ns);

@@ -4,6 +4,8 @@ instead, so CI really runs them."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -108,6 +110,19 @@ class LoopDevice:
     name: str  # loopN
     dev: int  # kernel dev_t
     backing: Path
+
+    @contextlib.contextmanager
+    def udev_held_off(self) -> Iterator[None]:
+        """No udev probe reads the device meanwhile. udevd watches block devices and
+        probes one (blkid: 48 reads in Debian's guests) each time a writer closes it,
+        adding its requests to the workload's; it postpones the events of a device
+        held with LOCK_EX (systemd's block device locking) until the lock goes."""
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
 
 @pytest.fixture

@@ -84,7 +84,7 @@ def device_stat(loop: LoopDevice) -> tuple[int, int]:
 def test_exact_counts_sizes_slow_events_and_depth(loop_device: LoopDevice, strategy: str) -> None:
     run_or_skip(STRATEGIES, strategy)
     opts = Options(per_disk=True, disk=loop_device.dev, slow_ms=0.0, depth=True, strategy=strategy)
-    with Biolat(opts) as tool:
+    with Biolat(opts) as tool, loop_device.udev_held_off():
         start, stat0 = tool.snapshot(), device_stat(loop_device)
         reader, writer = known_workload(loop_device)
         events = drain(tool, READS + WRITES)
@@ -140,7 +140,7 @@ def test_exact_counts_sizes_slow_events_and_depth(loop_device: LoopDevice, strat
 def test_plain_latency_counts_exactly_with_the_lightest_path(loop_device: LoopDevice) -> None:
     """No -Q, --slow or --depth: one map operation at issue; counts stay exact."""
     opts = Options(disk=loop_device.dev)
-    with Biolat(opts) as tool:
+    with Biolat(opts) as tool, loop_device.udev_held_off():
         start = tool.snapshot()
         known_workload(loop_device)
         snap = tool.snapshot().since(start)
@@ -274,7 +274,7 @@ def test_counts_match_bpftrace_on_the_same_run(loop_device: LoopDevice) -> None:
             pass
         assert line.strip() == "ready", "bpftrace did not start"
         opts = Options(disk=loop_device.dev)
-        with Biolat(opts) as tool:
+        with Biolat(opts) as tool, loop_device.udev_held_off():
             start = tool.snapshot()
             known_workload(loop_device)
             snap = tool.snapshot().since(start)
@@ -294,7 +294,7 @@ def test_counts_match_bpftrace_on_the_same_run(loop_device: LoopDevice) -> None:
 def test_a_full_ring_counts_every_lost_record(loop_device: LoopDevice) -> None:
     """A one-page ring that nobody drains: what is not delivered is counted as lost."""
     opts = Options(disk=loop_device.dev, slow_ms=0.0, ring_bytes=4096)
-    with Biolat(opts) as tool:
+    with Biolat(opts) as tool, loop_device.udev_held_off():
         start = tool.snapshot()
         known_workload(loop_device)
         delivered = len(drain(tool, READS + WRITES, timeout=1.0))

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from children import reap
+from children import patience, reap
 from io_trace import OPS, drain, end_child, io_cli
 from strategies import every, run_or_skip
 
@@ -36,8 +36,11 @@ got = [
     os.sendfile(d, s, 0, 65536),            # file -> file: a read and a write
     os.sendfile(a.fileno(), s, 0, 12288),   # file -> socket: a read
     os.copy_file_range(s, d2, 32768, 0, 0), # file -> file: a read and a write
-    os.sendfile(d3, z, None, 8192),         # /dev/zero -> file: a write
 ]
+try:
+    got.append(os.sendfile(d3, z, None, 8192))  # /dev/zero -> file: a write
+except OSError:  # EINVAL before 6.2: /dev/zero could not splice
+    got.append(0)
 sys.stdout.write(" ".join(map(str, got)) + " %d %d %d %d\n" % (s, d, d2, d3))
 sys.stdout.flush()
 sys.stdin.readline()
@@ -97,12 +100,12 @@ def test_sendfile_and_copy_file_range(tmp_path: Path, strategy: str) -> None:
             p.stdin.write(b"go\n")
             p.stdin.flush()
             n_file, n_sock, n_copy, n_zero, fs, fd, fd2, fd3 = map(int, p.stdout.readline().split())
-            events = drain(tool, p.pid, 6, timeout=3.0)
+            events = drain(tool, p.pid, 5 + (n_zero > 0), timeout=patience(3.0))
             stats = summarize(*tool.stats())
         end_child(p)
     finally:
         reap(p)
-    assert (n_file, n_sock, n_copy, n_zero) == (65536, 12288, 32768, 8192)
+    assert (n_file, n_sock, n_copy) == (65536, 12288, 32768) and n_zero in (0, 8192)
     ino = {f: f.stat().st_ino for f in (src, dst, dst2, dst3)}
     got = sorted((OPS[int(e["op"])], int(e["fd"]), int(e["ino"]), int(e["bytes"])) for e in events)
     assert got == sorted(
@@ -112,12 +115,13 @@ def test_sendfile_and_copy_file_range(tmp_path: Path, strategy: str) -> None:
             ("read", fs, ino[src], 12288),
             ("read", fs, ino[src], 32768),
             ("write", fd2, ino[dst2], 32768),
-            ("write", fd3, ino[dst3], 8192),
         ]
+        + [("write", fd3, ino[dst3], 8192)] * (n_zero > 0)
     )
     ps = stats[p.pid]
     assert ps.total("read").ops == 3 and ps.total("read").bytes == 65536 + 12288 + 32768
-    assert ps.total("write").ops == 3 and ps.total("write").bytes == 65536 + 32768 + 8192
+    writes = 2 + (n_zero > 0)
+    assert ps.total("write").ops == writes and ps.total("write").bytes == 65536 + 32768 + n_zero
     # The source was just written: in the page cache; the targets only dirty pages.
     assert ps.total("read").disk_bytes == 0 and ps.total("write").disk_bytes == 0
 

@@ -69,6 +69,8 @@ class Biolat(Session):
         )
         obj.resize("events", o.ring_bytes)
         self.selected = self.programs(obj)
+        start = _START[self.strategy.name]
+        obj.set_rodata({"submitter_at_issue": o.slow_ms is not None and start not in self.selected})
         obj.select(self.selected)
         obj.load()
         obj.attach()
