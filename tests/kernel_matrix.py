@@ -90,6 +90,7 @@ def guest_script(tests: list[str], junit: Path) -> str:
         f"export MERIDIAN_REQUIRE_BPF=1 MERIDIAN_REQUIRE_FEATURES={GUEST_FEATURES}\n"
         f"export MERIDIAN_TEST_SLOWDOWN={SLOWDOWN}\n"
         f"export PYTHONUNBUFFERED=1 PATH={VENV_BIN}:/usr/sbin:/usr/bin:/sbin:/bin\n"
+        f"export PYTHONPATH={REPO / 'src'}\n"  # this checkout's code, whatever the venv's
         # the repository is read-only there: no cache, no hypothesis database
         f"exec {VENV_BIN}/python -m pytest -p no:cacheprovider -p no:hypothesispytest "
         f"-v -m kernel --durations=5 --junitxml={junit} {' '.join(tests)}\n"
