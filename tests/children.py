@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,42 @@ def wait_attached(proc: subprocess.Popen[str]) -> None:
     while "strategy:" not in (line := proc.stderr.readline()):
         assert line, f"meridian exited before attaching: {''.join(seen[-5:])}"
         seen.append(line)
+
+
+def meridian(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`python -m meridian ARGS` (as a person runs it) to its end, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "meridian", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+@contextlib.contextmanager
+def attached(*args: str) -> Iterator[subprocess.Popen[str]]:
+    """`meridian ARGS` (with -v among them: `wait_attached`), its output in text pipes,
+    once its programs are attached; reaped at the end whatever happens."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meridian", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_attached(proc)
+        yield proc
+    finally:
+        reap(proc)
+
+
+def ended(
+    proc: subprocess.Popen[str], timeout: float = 30, sig: int | None = signal.SIGTERM
+) -> tuple[str, str]:
+    """What `proc` printed (stdout, stderr) until it exited, which it must with 0:
+    after `sig` (SIGINT: Ctrl-C; None: none, it ends by itself)."""
+    if sig is not None:
+        proc.send_signal(sig)
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err
+    return out, err
 
 
 def build_c(directory: Path, name: str, source: str, *flags: str) -> Path:

@@ -8,6 +8,7 @@ import contextlib
 import fcntl
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -156,6 +157,15 @@ def ext4(loop_device: LoopDevice, tmp_path: Path) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A loopback port something else listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        yield int(s.getsockname()[1])
 
 
 @pytest.fixture

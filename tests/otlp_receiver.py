@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import grpc
@@ -18,6 +18,8 @@ from opentelemetry.proto.collector.metrics.v1 import (
     metrics_service_pb2_grpc,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from meridian.export.prometheus import QuietHandler
 
 
 class Received:
@@ -119,7 +121,7 @@ def http_receiver() -> Iterator[tuple[int, Received]]:
     """An OTLP/HTTP protobuf receiver on 127.0.0.1."""
     got = Received()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             req: Any
@@ -134,15 +136,7 @@ def http_receiver() -> Iterator[tuple[int, Received]]:
                 self.send_error(404)
                 return
             got.add(req, {k.lower(): v for k, v in self.headers.items()})
-            out = resp.SerializeToString()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-
-        def log_message(self, *args: Any) -> None:
-            pass
+            self.reply(resp.SerializeToString(), "application/x-protobuf")
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from children import reap, wait_attached
+from children import attached, ended, reap
 from conftest import LoopDevice
 from strategies import every, run_or_skip
 
@@ -174,19 +173,9 @@ def test_device_filter_sees_only_its_disk(loop_device: LoopDevice, tmp_path: Any
 
 def test_cli_json_interval_and_ctrl_c_summary(loop_device: LoopDevice) -> None:
     """The command a person runs: JSON reports, and Ctrl-C prints the last one."""
-    p = subprocess.Popen(
-        [sys.executable, "-m", "meridian", "biolat", "-v", "--json", "-D", "-d", loop_device.name],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        wait_attached(p)
+    with attached("biolat", "-v", "--json", "-D", "-d", loop_device.name) as p:
         dd(f"if={loop_device.path}", "of=/dev/null", "bs=4k", "count=100", "iflag=direct")
-        out, err = interrupt(p, 20)
-    finally:
-        reap(p)
-    assert p.returncode == 0, err
+        out, _ = ended(p, 20, signal.SIGINT)
     report = json.loads(out.strip().splitlines()[-1])
     [dev] = report["devices"]
     assert (dev["disk"], dev["op"], dev["count"], dev["bytes"]) == (
@@ -206,31 +195,10 @@ def test_cli_json_interval_and_ctrl_c_summary(loop_device: LoopDevice) -> None:
 
 
 def test_text_report_has_the_bcc_histogram(loop_device: LoopDevice) -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "meridian",
-            "biolat",
-            "-v",
-            "-d",
-            loop_device.name,
-            "--sizes",
-            "--depth",
-            "--duration",
-            "4",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        wait_attached(proc)
+    args = ("-v", "-d", loop_device.name, "--sizes", "--depth", "--duration", "4")
+    with attached("biolat", *args) as proc:
         dd(f"if={loop_device.path}", "of=/dev/null", "bs=4k", "count=64", "iflag=direct")
-        out, err = proc.communicate(timeout=30)
-    finally:
-        reap(proc)
-    assert proc.returncode == 0, err
+        out, _ = ended(proc, 30, None)
     assert "usecs               : count    distribution" in out
     assert "op = read" in out
     assert "      4096 -> 8191       : 64 " in out

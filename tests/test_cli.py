@@ -5,19 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 
 import pytest
+from children import meridian
 
 from meridian.cli import build_parser
 from meridian.errors import UsageError
 from meridian.flags import pid_list, running_pids, seconds
-
-
-def meridian(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "meridian", *args], capture_output=True, text=True, timeout=60
-    )
 
 
 def one_line_exit_2(p: subprocess.CompletedProcess[str], needle: str) -> None:

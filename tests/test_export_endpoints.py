@@ -6,19 +6,12 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
-from children import reap, wait_attached
+from children import attached, ended, meridian
 
 from meridian.export.otlp import FINAL_FLUSH_S
-
-
-def meridian(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "meridian", *argv], capture_output=True, text=True, timeout=60
-    )
 
 
 def closed_port() -> int:
@@ -64,15 +57,11 @@ def test_every_tool_checks_the_endpoint_at_start(tool: str) -> None:
     assert "--otlp-endpoint 'notaurl'" in r.stderr
 
 
-def test_prometheus_port_in_use_is_said_before_loading() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        t0 = time.monotonic()
-        r = meridian("io", "--prometheus", f"127.0.0.1:{port}")
+def test_prometheus_port_in_use_is_said_before_loading(busy_port: int) -> None:
+    t0 = time.monotonic()
+    r = meridian("io", "--prometheus", f"127.0.0.1:{busy_port}")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert f"--prometheus cannot listen on 127.0.0.1:{port}" in r.stderr
+    assert f"--prometheus cannot listen on 127.0.0.1:{busy_port}" in r.stderr
     assert "choose another [HOST]:PORT" in r.stderr
     assert time.monotonic() - t0 < 30  # not a timing claim: it only must not hang
 
@@ -92,23 +81,12 @@ def test_unreachable_collector_is_reported_and_the_run_ends_in_time(logs: bool) 
         argv += ["--otlp-logs", "--comm", "cat"]
     else:
         argv += ["--no-events"]
-    p = subprocess.Popen(
-        [sys.executable, "-m", "meridian", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert p.stdout is not None
-        wait_attached(p)
-        attached = time.monotonic()
+    with attached(*argv) as p:
+        start = time.monotonic()
         if logs:  # events for the log records: cat reads a file
             subprocess.run(["cat", "/etc/hostname", "/etc/passwd"], capture_output=True)
-        out, err = p.communicate(timeout=60)
-        took = time.monotonic() - attached
-    finally:
-        reap(p)
-    assert p.returncode == 0, err
+        out, err = ended(p, 60, None)
+        took = time.monotonic() - start
     assert took < duration + FINAL_FLUSH_S + 3.0, took
     assert "Traceback" not in err
     # said once per signal, while running

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from children import reap, wait_attached
+from children import attached, ended, reap
 from io_trace import drain
 
 from meridian.tools.io.event_format import EventFormatter
@@ -112,21 +112,10 @@ def test_cli_names_files_of_cat(tmp_path: Path) -> None:
     """`meridian io --comm cat` while `cat` reads a file: the path on every line."""
     f = tmp_path / "passwd-copy"
     f.write_bytes(Path("/etc/passwd").read_bytes())
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "meridian", "io", "-v", "--comm", "cat"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        wait_attached(proc)
+    with attached("io", "-v", "--comm", "cat") as proc:
         pid = run("cat", str(f))
         time.sleep(0.3)
-        proc.terminate()
-        out, err = proc.communicate(timeout=30)
-    finally:
-        reap(proc)
-    assert proc.returncode == 0, err
+        out, _ = ended(proc)
     events = [json.loads(x) for x in out.splitlines()]
     events = [x for x in events if "type" not in x and x["pid"] == pid]
     ours = [x for x in events if x["ino"] == f.stat().st_ino]

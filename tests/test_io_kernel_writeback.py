@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from children import reap, wait_attached
+from children import attached, ended, reap
 
 from meridian.export.series import Point
 from meridian.proc import kernel_dev
@@ -147,33 +147,11 @@ def test_cli_comm_filter_and_summary(disk: Disk) -> None:
     flusher that issued the writes is not dd: no block object of its own), and the
     text table's section."""
     for fmt in ("json", "text"):
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "meridian",
-                "io",
-                "-v",
-                "--comm",
-                "dd",
-                "--no-events",
-                "--format",
-                fmt,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            wait_attached(proc)
+        with attached("io", "-v", "--comm", "dd", "--no-events", "--format", fmt) as proc:
             pid, written = dd_then_sync(disk)
             (disk.mnt / "f").unlink()
             time.sleep(0.2)
-            proc.terminate()
-            out, err = proc.communicate(timeout=30)
-        finally:
-            reap(proc)
-        assert proc.returncode == 0, err
+            out, _ = ended(proc)
         if fmt == "json":
             lines = [json.loads(x) for x in out.splitlines()]
             wb = [x for x in lines if x.get("type") == "writeback"]

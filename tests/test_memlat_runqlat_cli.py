@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_cli import meridian, one_line_exit_2
+from children import meridian
+from test_cli import one_line_exit_2
 
 from meridian.hist import Layout
 from meridian.tools.memlat.model import Cell, Options, Snapshot

@@ -4,35 +4,16 @@ and exit code 2, never a traceback; --print-config round-trips through --config;
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from children import meridian
 from test_cli import one_line_exit_2
 
 
 def sentinel(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "meridian", "sentinel", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-@pytest.fixture
-def busy_port() -> Iterator[int]:
-    """A port something else listens on."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(1)
-    try:
-        yield int(s.getsockname()[1])
-    finally:
-        s.close()
+    return meridian("sentinel", *args, timeout=timeout)
 
 
 @pytest.mark.parametrize(

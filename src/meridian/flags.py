@@ -1,7 +1,8 @@
 """The flags several tools share, each added by one function so that it is spelled,
 typed and checked the same in every tool: `-p/--pid` (repeatable), `--duration`
 (seconds, a float), `--json`, `--strategy`, `-v`, and the histogram tools'
-`[interval] [count]` and `-T`. A value the flag's type refuses is argparse's one-line
+`[interval] [count]` and `-T`; `add_command` makes a tool's parser, its help ending in
+examples. A value the flag's type refuses is argparse's one-line
 error, exit code 2, before anything loads. Then the checks that need the host or more
 than one flag (`running_pids`, `positive_number`, `report_fields`), and `options_of`,
 which makes a tool's options dataclass from its arguments."""
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from .bpf import Strategy
 
 __all__ = [
+    "add_command",
     "add_duration",
     "add_json",
     "add_pid",
@@ -73,6 +75,22 @@ def seconds(text: str) -> float:
 
 
 # ---- the flags ---------------------------------------------------------------------
+
+
+def add_command(
+    sub: Any, name: str, help: str, description: str, examples: str
+) -> argparse.ArgumentParser:
+    """The parser of command `name` on `sub` (subparsers): its help in the list of
+    commands, its description, and its examples (one command a line, as written)
+    after the options."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=examples,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return p
 
 
 def add_pid(

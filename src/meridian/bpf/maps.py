@@ -7,6 +7,7 @@ the map) and fall back to get_next_key iteration where it does not.
 from __future__ import annotations
 
 import errno as _errno
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,32 +28,32 @@ class MapType:
 _BATCH_UNSUPPORTED = {_errno.EINVAL, _errno.ENOTSUP, 524}  # 524: kernel ENOTSUPP
 
 
+@dataclass(eq=False)
 class Map:
-    def __init__(
-        self,
-        name: str,
-        fd: int,
-        map_type: int,
-        key_dtype: np.dtype[Any],
-        value_dtype: np.dtype[Any],
-        max_entries: int,
-        handle: int = 0,
-    ) -> None:
-        self.name = name
-        self.fd = fd
-        self.type = map_type
-        self.key_dtype = key_dtype
-        self.value_dtype = value_dtype
-        self.max_entries = max_entries
-        self.handle = handle
-        self.percpu = map_type in MapType.PERCPU
+    """One map of a loaded object (`handle` its libbpf map, 0 for none); per-CPU maps
+    (`percpu`) hold a value per possible CPU (`ncpus`)."""
+
+    name: str
+    fd: int
+    type: int
+    key_dtype: np.dtype[Any]
+    value_dtype: np.dtype[Any]
+    max_entries: int
+    handle: int = 0
+    percpu: bool = field(init=False)
+    ncpus: int = field(init=False)
+    _slot_dtype: np.dtype[Any] = field(init=False, repr=False)
+    _batch_ok: bool | None = field(init=False, default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.percpu = self.type in MapType.PERCPU
         self.ncpus = L.possible_cpus() if self.percpu else 1
-        stride = -(-value_dtype.itemsize // 8) * 8 if self.percpu else value_dtype.itemsize
+        value = self.value_dtype
+        stride = -(-value.itemsize // 8) * 8 if self.percpu else value.itemsize
         # The kernel pads each CPU's value to 8 bytes.
-        self._slot_dtype: np.dtype[Any] = np.dtype(
-            {"names": ["v"], "formats": [value_dtype], "offsets": [0], "itemsize": stride}
+        self._slot_dtype = np.dtype(
+            {"names": ["v"], "formats": [value], "offsets": [0], "itemsize": stride}
         )
-        self._batch_ok: bool | None = None
 
     @classmethod
     def from_object(cls, handle: int, btf: Btf | None) -> Map:

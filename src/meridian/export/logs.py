@@ -16,7 +16,6 @@ first happens.
 from __future__ import annotations
 
 import collections
-import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -27,7 +26,7 @@ import numpy as np
 from .. import __version__
 from ..backoff import Backoff
 from .otlp import resource_attrs
-from .transport import Endpoint, Sent, Transport
+from .transport import Endpoint, FirstFailure, Sent, Transport
 from .wire import Column, LogEncoder
 
 __all__ = ["MAX_QUEUE_RECORDS", "OtlpLogs"]
@@ -67,8 +66,11 @@ class OtlpLogs:
         max_queue: int = MAX_QUEUE_RECORDS,
     ) -> None:
         self.endpoint = endpoint
-        self.err = err or sys.stderr
-        self.what = f"OTLP logs export to {endpoint} ({protocol})"
+        self.failure = FirstFailure(
+            f"OTLP logs export to {endpoint} ({protocol})",
+            "records wait in a bounded queue",
+            err,
+        )
         self.encoder = LogEncoder(
             resource_attrs(tool) if resource is None else resource,
             f"meridian.{tool}",
@@ -80,7 +82,6 @@ class OtlpLogs:
         self.emitted = self.sent = self.dropped = self.rejected = self.unsent = 0
         self.failures = 0
         self.last_error = ""
-        self._said = False
         self._queue: collections.deque[tuple[bytes, int]] = collections.deque()
         self._queued = 0  # records in the queue
         self._lock = threading.Lock()
@@ -117,16 +118,6 @@ class OtlpLogs:
 
     # ---- the sending thread -------------------------------------------------------------
 
-    def _say(self) -> None:
-        if not self._said:
-            self._said = True
-            print(
-                f"meridian: {self.what} failed ({self.last_error}); retrying with backoff, "
-                "records wait in a bounded queue",
-                file=self.err,
-            )
-            self.err.flush()
-
     def _run(self) -> None:
         while True:
             with self._lock:
@@ -153,7 +144,7 @@ class OtlpLogs:
                 self.rejected += count
             self.failures += 1
             self.last_error = r.error
-            self._say()
+            self.failure.say(r.error)
             if r.retry:
                 if deadline is not None:  # closing: a few more tries until the deadline
                     left = deadline - time.monotonic()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -33,7 +32,7 @@ from .. import __version__
 from ..backoff import Backoff
 from ..errors import UsageError
 from .series import Family, HistPoint, Point, Source, log2_bounds
-from .transport import Endpoint, Transport
+from .transport import Endpoint, FirstFailure, Transport
 
 __all__ = ["OtlpMetrics", "check_endpoint", "parse_header"]
 
@@ -140,13 +139,15 @@ class OtlpMetrics:
         self.source, self.interval, self.tool = source, interval, tool
         self.timeout = min(10.0, max(2.0, interval))
         self.transport = Transport("metrics", Endpoint.parse(endpoint), protocol, headers or {})
-        self.what = f"OTLP metrics export to {endpoint} ({protocol})"
-        self.err = err or sys.stderr
+        self.failure = FirstFailure(
+            f"OTLP metrics export to {endpoint} ({protocol})",
+            "totals are cumulative so nothing is lost",
+            err,
+        )
         self.start_ns = time.time_ns()
         self.exports = self.failures = 0
         self.last_error = ""
         self.last_ok = True
-        self._said = False
         self._lock = threading.Lock()  # one export at a time (the loop, or close)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="otlp-metrics", daemon=True)
@@ -243,14 +244,7 @@ class OtlpMetrics:
             if error:
                 self.failures += 1
                 self.last_error = error
-                if not self._said:
-                    self._said = True
-                    print(
-                        f"meridian: {self.what} failed ({error}); retrying with backoff, "
-                        "totals are cumulative so nothing is lost",
-                        file=self.err,
-                    )
-                    self.err.flush()
+                self.failure.say(error)
             return not error
 
     def _loop(self) -> None:

@@ -29,6 +29,7 @@ from .series import HistPoint, Point, Source
 
 __all__ = [
     "PrometheusServer",
+    "QuietHandler",
     "SeriesCollector",
     "check_listen",
     "families",
@@ -117,7 +118,25 @@ class _Server(ThreadingHTTPServer):
         super().__init__(where, _Handler)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that logs nothing (stderr is the tool's) and answers with
+    `reply`."""
+
+    def reply(self, body: bytes, content_type: str, encoding: str | None = None) -> None:
+        """200 with `body`, its type, its Content-Encoding (if any) and its length."""
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        if encoding:
+            self.send_header("Content-Encoding", encoding)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class _Handler(QuietHandler):
     """GET /metrics (or /): the source rendered now, gzip when the scraper takes it."""
 
     server: _Server
@@ -131,19 +150,10 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # a failed read is a 500 for this scrape, not the end
             self.send_error(500, f"{type(exc).__name__}: {exc}")
             return
-        gz = "gzip" in self.headers.get("Accept-Encoding", "")
-        if gz:
-            body = gzip.compress(body, compresslevel=1)
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE)
-        if gz:
-            self.send_header("Content-Encoding", "gzip")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        if "gzip" in self.headers.get("Accept-Encoding", ""):
+            self.reply(gzip.compress(body, compresslevel=1), CONTENT_TYPE, "gzip")
+        else:
+            self.reply(body, CONTENT_TYPE)
 
 
 class PrometheusServer:

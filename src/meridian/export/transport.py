@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import http.client
 import ssl
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import urlsplit
 
-__all__ = ["Endpoint", "Sent", "Transport"]
+__all__ = ["Endpoint", "FirstFailure", "Sent", "Transport"]
 
 SERVICE = {
     "logs": "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
@@ -57,6 +58,28 @@ class Sent:
     retry: bool = False
     error: str = ""
     response: bytes = b""
+
+
+class FirstFailure:
+    """An exporter's failures, said on `err` (stderr) the first time only: the exporter
+    goes on trying, and its summary at the end counts them all."""
+
+    def __init__(self, what: str, meanwhile: str, err: TextIO | None = None) -> None:
+        """`what` failed: "OTLP logs export to URL (grpc)"; `meanwhile`: what becomes of
+        the data while it retries."""
+        self.what, self.meanwhile = what, meanwhile
+        self.err = err or sys.stderr
+        self.said = False
+
+    def say(self, error: str) -> None:
+        if self.said:
+            return
+        self.said = True
+        print(
+            f"meridian: {self.what} failed ({error}); retrying with backoff, {self.meanwhile}",
+            file=self.err,
+        )
+        self.err.flush()
 
 
 class Transport:

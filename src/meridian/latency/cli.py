@@ -18,6 +18,7 @@ from ..bpf import Strategy
 from ..errors import UsageError
 from ..export import add_arguments
 from ..flags import (
+    add_command,
     add_duration,
     add_json,
     add_pid,
@@ -85,13 +86,7 @@ class LatencyCli(Generic[Opts]):
     # ---- the command line --------------------------------------------------------
 
     def add_parser(self, sub: Any) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = sub.add_parser(
-            self.name,
-            help=self.help,
-            description=self.description,
-            epilog=self.examples,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
+        p = add_command(sub, self.name, self.help, self.description, self.examples)
         add_reports(p, "seconds between reports (default: one at the end), or validate")
         p.add_argument("-P", "--pids", action="store_true", help="one histogram per process")
         add_pid(p, "trace this process only (one PID: the kernel filter holds one)")

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..bpf import BpfObject, features, object_path, refusals
 from ..errors import MeridianError
+from ..flags import add_command
 from ..output import JsonWriter
 from ..system import KERNEL_BTF, ensure_tracefs, has_bpf_privileges, raise_memlock
 
@@ -18,12 +19,12 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser(
+    p = add_command(
+        sub,
         "doctor",
         help="what this kernel allows and which strategy each tool uses",
         description="Probe the kernel: each BPF feature is loaded and attached for real.",
-        epilog="examples:\n  meridian doctor\n  meridian doctor --json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples="examples:\n  meridian doctor\n  meridian doctor --json",
     )
     p.add_argument("--json", action="store_true", help="one JSON object")
     return p

@@ -10,6 +10,7 @@ from ... import proc
 from ...errors import UsageError
 from ...export import add_arguments
 from ...flags import (
+    add_command,
     add_duration,
     add_json,
     add_reports,
@@ -43,12 +44,12 @@ EXAMPLES = """examples:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser(
+    p = add_command(
+        sub,
         "biolat",
         help="block I/O latency histograms, sizes, queue depth, slow requests",
         description="Summarize block device I/O latency as histograms, per op and disk.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     add_reports(p)
     p.add_argument("-D", "--disks", action="store_true", help="one histogram per disk")

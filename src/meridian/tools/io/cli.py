@@ -11,7 +11,14 @@ from typing import Any
 
 from ...errors import UsageError
 from ...export import add_arguments, from_args
-from ...flags import add_duration, add_pid, add_strategy, add_verbose, running_pids
+from ...flags import (
+    add_command,
+    add_duration,
+    add_pid,
+    add_strategy,
+    add_verbose,
+    running_pids,
+)
 from .agent import run_options
 from .kernel import STRATEGIES
 from .options import DEFAULT_METRICS_MAX_PIDS, Options
@@ -37,13 +44,13 @@ EXAMPLES = """examples:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser(
+    p = add_command(
+        sub,
         "io",
         help="per-process file I/O: latency, bytes, page cache hits (seed 000)",
         description="Trace reads and writes on regular files per process: latency, "
         "bytes, and whether the page cache served them. A summary per PID on exit.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     add_pid(p)
     p.add_argument("--comm", action="append", default=[], help="trace this process name")

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from ...errors import UsageError
-from ...flags import add_duration, add_json, add_pid
+from ...flags import add_command, add_duration, add_json, add_pid
 
 __all__ = ["EXAMPLES", "add_parser", "check_host", "config_from_args", "run"]
 
@@ -39,7 +39,8 @@ EXAMPLES = """examples:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser(
+    p = add_command(
+        sub,
         "sentinel",
         help="PMU samples attributed to network flows: which flows suffer cache misses, "
         "branch mispredictions, remote DRAM, false sharing, and where (seed 003)",
@@ -47,8 +48,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "a bounded per-CPU budget, attribute each sample to the network flow the CPU "
         "was handling, and show the flows by cost with their hottest functions and "
         "stacks. OpenMetrics on --metrics-port. Flags override the --config file.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     p.add_argument("--config", metavar="FILE", help="YAML configuration (see --print-config)")
     p.add_argument(

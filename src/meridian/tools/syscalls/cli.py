@@ -11,6 +11,7 @@ from typing import Any
 
 from ...errors import ExtraMissing, UsageError
 from ...flags import (
+    add_command,
     add_duration,
     add_json,
     add_pid,
@@ -52,15 +53,15 @@ EXAMPLES = """examples:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser(
+    p = add_command(
+        sub,
         "syscalls",
         help="file-system syscall viewer: paired start/end, compact and filtered logs",
         description=(
             "Show file-system syscalls as start and end events paired into calls, "
             "with decoded arguments, paths of fds, results and durations."
         ),
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     p.add_argument("command", nargs="*", help="-- COMMAND ARGS: trace this command")
     p.add_argument("-e", dest="names", metavar="SYSCALLS", help="comma-separated syscalls")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -62,36 +63,34 @@ class FlowNamer:
         self._named = named
 
 
+@dataclass(eq=False)
 class Consumer:
     """The `sentinel-consumer` thread's work (`run`): small batches come at most every
     BATCH_S (the source buffers: what costs is the batch, not the sample), big ones
     back to back, and one whenever the flush asks (`catch_up`)."""
 
-    def __init__(
-        self,
-        state: RuntimeState,
-        plan: Plan,
-        source: SampleSource,
-        aggregator: Aggregator,
-        *,
-        targets: TargetFilter,
-        calibrator: ClockCalibrator,
-        names: RuntimeNames,
-        cpus: Sequence[int],
-    ) -> None:
-        self.state = state
-        self.plan = plan
-        self.source = source
-        self.aggregator = aggregator
-        self.targets = targets
-        self.calibrator = calibrator
-        self.cpus = list(cpus)
-        self.skew = SkewAdjuster(state.cfg.aggregator.skew_window_ns)
+    state: RuntimeState
+    plan: Plan
+    source: SampleSource
+    aggregator: Aggregator
+    _: KW_ONLY
+    targets: TargetFilter
+    calibrator: ClockCalibrator
+    names: InitVar[RuntimeNames]
+    cpus: Sequence[int]
+    skew: SkewAdjuster = field(init=False)
+    flows: FlowNamer = field(init=False)
+    _contexts: Any = field(init=False)  # packet contexts for the skew
+    # event groups the source could not open (said once)
+    _refused: set[str] = field(init=False, default_factory=set)
+    _taken: threading.Event = field(init=False, default_factory=threading.Event)  # a batch taken
+    _polling: bool = field(init=False, default=False)
+
+    def __post_init__(self, names: RuntimeNames) -> None:
+        self.cpus = list(self.cpus)
+        self.skew = SkewAdjuster(self.state.cfg.aggregator.skew_window_ns)
         self.flows = FlowNamer(names)
-        self._contexts = getattr(source, "contexts", None)  # packet contexts for the skew
-        self._refused: set[str] = set()  # event groups the source could not open (said once)
-        self._taken = threading.Event()  # a batch was taken (for catch_up)
-        self._polling = False
+        self._contexts = getattr(self.source, "contexts", None)
 
     def open(self) -> None:
         """Before the first poll: the plan's budget and first group, the targets, the

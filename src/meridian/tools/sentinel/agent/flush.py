@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 import numpy as np
 
@@ -26,36 +27,29 @@ KERNEL_DROPS = ("token_bucket", "hard_drop")  # offered but not delivered (safet
 UNRESOLVED_STACK = UNRESOLVED
 
 
+@dataclass(eq=False)
 class Flusher:
     """The `sentinel-flush` thread's work (`run`), and the last window at stop
     (`flush(final=True)`). `catch_up(timeout)` has the consumer take its last batch
     before a window ends."""
 
-    def __init__(
-        self,
-        state: RuntimeState,
-        plan: Plan,
-        aggregator: Aggregator,
-        *,
-        calibrator: ClockCalibrator,
-        names: RuntimeNames,
-        metrics: SentinelMetrics,
-        totals: Totals,
-        catch_up: Callable[[float], None],
-        started_ns: int,
-    ) -> None:
-        self.state = state
-        self.plan = plan
-        self.aggregator = aggregator
-        self.calibrator = calibrator
-        self.names = names
-        self.metrics = metrics
-        self.totals = totals
-        self.catch_up = catch_up
-        self._last_flush = started_ns
-        self._last_delivered = 0
-        self._last_offered_drops = 0
-        self._index = 0
+    state: RuntimeState
+    plan: Plan
+    aggregator: Aggregator
+    _: KW_ONLY
+    calibrator: ClockCalibrator
+    names: RuntimeNames
+    metrics: SentinelMetrics
+    totals: Totals
+    catch_up: Callable[[float], None]
+    started_ns: int
+    _last_flush: int = field(init=False)
+    _last_delivered: int = field(init=False, default=0)
+    _last_offered_drops: int = field(init=False, default=0)
+    _index: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self._last_flush = self.started_ns
 
     def run(self) -> None:
         interval = self.state.cfg.aggregator.flush_interval

@@ -13,6 +13,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,23 +29,20 @@ if TYPE_CHECKING:
 __all__ = ["AnomalyWatch", "Services"]
 
 
+@dataclass(eq=False)
 class AnomalyWatch:
     """The `sentinel-anomaly` thread: every `anomaly.poll_interval`, the monitor's
     readings to the runtime's control (its triggers force diagnostic mode). An error
     ends the run through `fail`."""
 
-    def __init__(
-        self,
-        monitor: AnomalyMonitor,
-        control: RuntimeControl,
-        fail: Callable[[BaseException], None],
-        log: Callable[[str], None],
-    ) -> None:
-        self.monitor = monitor
-        self.control = control
-        self.fail = fail
-        self.log = log
-        self._stop = threading.Event()
+    monitor: AnomalyMonitor
+    control: RuntimeControl
+    fail: Callable[[BaseException], None]
+    log: Callable[[str], None]
+    _stop: threading.Event = field(init=False, default_factory=threading.Event)
+    _thread: threading.Thread = field(init=False)
+
+    def __post_init__(self) -> None:
         self._thread = threading.Thread(target=self._run, name="sentinel-anomaly", daemon=True)
 
     def start(self) -> None:
@@ -66,28 +64,21 @@ class AnomalyWatch:
             self.fail(exc)
 
 
+@dataclass(eq=False)
 class Services:
     """`start()` serves and starts everything configured, then the runtime; `stop()`
     stops it all (idempotent). `metrics_server` and `api`, once started, tell their
     ports."""
 
-    def __init__(
-        self,
-        cfg: SentinelConfig,
-        runtime: Runtime,
-        log: Callable[[str], None],
-        *,
-        proc_root: str = "/proc",
-        clock: Callable[[], int] = time.monotonic_ns,
-    ) -> None:
-        self.cfg = cfg
-        self.runtime = runtime
-        self.log = log
-        self.proc_root = proc_root
-        self.clock = clock
-        self.metrics_server: PrometheusServer | None = None
-        self.api: ApiServer | None = None
-        self._running = contextlib.ExitStack()
+    cfg: SentinelConfig
+    runtime: Runtime
+    log: Callable[[str], None]
+    _: KW_ONLY
+    proc_root: str = "/proc"
+    clock: Callable[[], int] = time.monotonic_ns
+    metrics_server: PrometheusServer | None = field(init=False, default=None)
+    api: ApiServer | None = field(init=False, default=None)
+    _running: contextlib.ExitStack = field(init=False, default_factory=contextlib.ExitStack)
 
     def start(self) -> None:
         """On an error, what was started is stopped again (the runtime too)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import OrderedDict, deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["DataObject", "DataObjects"]
 
@@ -24,13 +24,14 @@ class DataObject:
     size: int | None = None
 
 
+@dataclass(eq=False)
 class DataIndex:
-    """One process's registered data objects, sorted by address."""
+    """One process's registered data objects, sorted by address (`starts` theirs), and
+    the size of the longest (how far below an address `find` looks)."""
 
-    def __init__(self) -> None:
-        self.starts: list[int] = []
-        self.objects: list[DataObject] = []
-        self.longest = 1
+    starts: list[int] = field(default_factory=list)
+    objects: list[DataObject] = field(default_factory=list)
+    longest: int = 1
 
     def add(self, obj: DataObject) -> None:
         i = bisect_right(self.starts, obj.address)

@@ -60,6 +60,22 @@ BRANCH_EVENTS = frozenset({"branch-misses"})  # ms_branch_mispred_rate
 DIRECTIONS = ("rx", "tx")
 FLOW_LABELS = ("flow", "src", "dst", "sport", "dport", "proto")
 _K = TypeVar("_K", str, int)  # a label value
+GAUGE_HELP = {
+    "ms_agent_mode": "sampling mode: 0 sentinel, 1 diagnostic",
+    "ms_samples_per_sec": "samples delivered per second, all CPUs",
+    "ms_pmu_scale": "event groups time-sharing the PMU (sample scale)",
+    "ms_sampling_throttled": "1 while the safety level limits events per group",
+    "ms_flow_event_norm": "norm cost per second (samples x scale / gso segments) by flow and event",
+    "ms_flow_micromiss_rate": "norm cost per second of cache-miss events "
+    "(llc-misses, remote-dram, hitm)",
+    "ms_branch_mispred_rate": "norm cost per second of branch mispredictions",
+    "ms_throughput_ratio": "interface throughput over its EWMA baseline",
+    "ms_throughput_bps": "interface throughput, bits per second",
+    "ms_latency_ratio": "latency probe reading over its EWMA baseline",
+    "ms_latency_us": "latency probe reading, microseconds",
+    "ms_tsc_slope": "wall ns per kernel ns of the per-CPU clock model",
+    "ms_tsc_offset_ns": "wall minus kernel ns of the per-CPU clock model",
+}
 
 
 @dataclass(frozen=True)
@@ -178,9 +194,6 @@ class SentinelMetrics:
         """The families of the current snapshot (a `meridian.export.Source`)."""
         s = self.snapshot()
 
-        def gauge(name: str, doc: str, points: list[Point]) -> Family:
-            return Family(name, "gauge", "", doc, list[Point | HistPoint](points))
-
         def one(value: float | None) -> list[Point]:
             """One unlabelled point; none while the value is unknown (no probe)."""
             return [] if value is None else [Point({}, value)]
@@ -191,47 +204,17 @@ class SentinelMetrics:
 
         a = s.anomaly
         out = [
-            gauge("ms_agent_mode", "sampling mode: 0 sentinel, 1 diagnostic", one(s.mode)),
-            gauge(
-                "ms_samples_per_sec",
-                "samples delivered per second, all CPUs",
-                one(s.samples_per_sec),
-            ),
-            gauge(
-                "ms_pmu_scale", "event groups time-sharing the PMU (sample scale)", one(s.pmu_scale)
-            ),
-            gauge(
-                "ms_sampling_throttled",
-                "1 while the safety level limits events per group",
-                one(1 if s.throttled else 0),
-            ),
+            _gauge("ms_agent_mode", one(s.mode)),
+            _gauge("ms_samples_per_sec", one(s.samples_per_sec)),
+            _gauge("ms_pmu_scale", one(s.pmu_scale)),
+            _gauge("ms_sampling_throttled", one(1 if s.throttled else 0)),
             *self._flow_families(s),
-            gauge(
-                "ms_throughput_ratio",
-                "interface throughput over its EWMA baseline",
-                by("interface", a.throughput_ratio),
-            ),
-            gauge(
-                "ms_throughput_bps",
-                "interface throughput, bits per second",
-                by("interface", a.throughput_bps),
-            ),
-            gauge(
-                "ms_latency_ratio",
-                "latency probe reading over its EWMA baseline",
-                one(a.latency_ratio),
-            ),
-            gauge("ms_latency_us", "latency probe reading, microseconds", one(a.latency_us)),
-            gauge(
-                "ms_tsc_slope",
-                "wall ns per kernel ns of the per-CPU clock model",
-                by("cpu", s.tsc_slope),
-            ),
-            gauge(
-                "ms_tsc_offset_ns",
-                "wall minus kernel ns of the per-CPU clock model",
-                by("cpu", s.tsc_offset_ns),
-            ),
+            _gauge("ms_throughput_ratio", by("interface", a.throughput_ratio)),
+            _gauge("ms_throughput_bps", by("interface", a.throughput_bps)),
+            _gauge("ms_latency_ratio", one(a.latency_ratio)),
+            _gauge("ms_latency_us", one(a.latency_us)),
+            _gauge("ms_tsc_slope", by("cpu", s.tsc_slope)),
+            _gauge("ms_tsc_offset_ns", by("cpu", s.tsc_offset_ns)),
             Family(
                 "ms_dropped_samples",
                 "counter",
@@ -282,7 +265,7 @@ class SentinelMetrics:
                 k[2],
             )
 
-        norm: list[Point | HistPoint] = []
+        norm: list[Point] = []
         miss: dict[tuple[int | None, str], float] = {}
         mispred: dict[tuple[int | None, str], float] = {}
         for k in sorted(cells, key=order):
@@ -294,28 +277,21 @@ class SentinelMetrics:
             if event in BRANCH_EVENTS:
                 mispred[(fid, direction)] = mispred.get((fid, direction), 0.0) + v
         return [
-            Family(
-                "ms_flow_event_norm",
-                "gauge",
-                "",
-                "norm cost per second (samples x scale / gso segments) by flow and event",
-                norm,
-            ),
-            Family(
+            _gauge("ms_flow_event_norm", norm),
+            _gauge(
                 "ms_flow_micromiss_rate",
-                "gauge",
-                "",
-                "norm cost per second of cache-miss events (llc-misses, remote-dram, hitm)",
                 [Point(attrs(f, d), v) for (f, d), v in sorted(miss.items(), key=_by_cost)],
             ),
-            Family(
+            _gauge(
                 "ms_branch_mispred_rate",
-                "gauge",
-                "",
-                "norm cost per second of branch mispredictions",
                 [Point(attrs(f, d), v) for (f, d), v in sorted(mispred.items(), key=_by_cost)],
             ),
         ]
+
+
+def _gauge(name: str, points: list[Point]) -> Family:
+    """The gauge family `name` (no unit, its GAUGE_HELP) with these points."""
+    return Family(name, "gauge", "", GAUGE_HELP[name], list[Point | HistPoint](points))
 
 
 def _by_cost(kv: tuple[tuple[int | None, str], float]) -> tuple[bool, float, str]:

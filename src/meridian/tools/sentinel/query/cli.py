@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ....errors import EnvironmentProblem, MeridianError, UsageError
+from ....flags import add_command
 from ....output import fmt_scaled, print_table
 from ..storage import Backend, StoreUnavailable, default_state_dir, holder_pid, open_store
 from ..storage.chdb_backend import LOCK_NAME
@@ -73,33 +74,32 @@ def _store_flags(p: argparse.ArgumentParser) -> None:
 def add_query_parser(sub: Any) -> argparse.ArgumentParser:
     """`query` with its two questions, on `sub` (the sentinel parser's subparsers);
     the parsed args carry func=run_query."""
-    raw = argparse.RawDescriptionHelpFormatter
-    p: argparse.ArgumentParser = sub.add_parser(
+    p = add_command(
+        sub,
         "query",
         help="read the stored flows back: top flows, one flow's functions, stacks, flame graph",
         description="Query what meridian sentinel stored (--data-dir or --clickhouse-url).",
-        epilog=EXAMPLES,
-        formatter_class=raw,
+        examples=EXAMPLES,
     )
     questions = p.add_subparsers(dest="query", metavar="QUESTION")
     questions.required = True
-    top = questions.add_parser(
+    top = add_command(
+        questions,
         "top-flows",
         help="flows by norm cost, highest first, with their 5-tuples",
         description="Flows by norm cost in the last --since, highest first.",
-        epilog=EXAMPLES,
-        formatter_class=raw,
+        examples=EXAMPLES,
     )
     _store_flags(top)
     top.add_argument("--event", metavar="E", help="only this event (llc-misses, cpu-clock, ...)")
     top.add_argument("--limit", type=int, default=20, metavar="N", help="flows shown (20)")
-    flow = questions.add_parser(
+    flow = add_command(
+        questions,
         "flow",
         help="one flow: hottest functions and stacks, events over time, a flame graph",
         description="One flow in the last --since: its hottest functions and stacks, and "
         "samples and cost per event over time.",
-        epilog=EXAMPLES,
-        formatter_class=raw,
+        examples=EXAMPLES,
     )
     flow.add_argument("flow", metavar="FLOW", help="flow id, 16 hex digits (see top-flows)")
     _store_flags(flow)

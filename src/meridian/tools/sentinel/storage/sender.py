@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 from ....backoff import Backoff
 from .backend import Backend, BatchInfo, StoreUnavailable
@@ -59,36 +59,36 @@ class SinkStats:
         return self.pending_rows + self.spooled_rows
 
 
+@dataclass(eq=False)
 class Sender:
     """Sends batches to one Backend through a Spool, and keeps the counts. `send` runs
     in the writer thread only; `to_spool`, `drop` and `stats` from any thread."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        spool: Spool,
-        reporter: Reporter,
-        max_backoff: float,
-        clock: Callable[[], float],
-    ) -> None:
-        self.backend = backend
-        self.spool = spool
-        self.reporter = reporter
-        self.clock = clock
-        self.connected = False
-        self.next_try = 0.0  # no reconnect before this time (of `clock`)
-        self._backoff = Backoff(0.25, float(max_backoff))
-        self._was_down = False
-        self._rejects: dict[int, int] = {}  # batch id -> times the store rejected it
+    backend: Backend
+    spool: Spool
+    reporter: Reporter
+    max_backoff: InitVar[float]
+    clock: Callable[[], float]
+    connected: bool = field(init=False, default=False)
+    next_try: float = field(init=False, default=0.0)  # no reconnect before (of `clock`)
+    _backoff: Backoff = field(init=False)
+    _was_down: bool = field(init=False, default=False)
+    # batch id -> times the store rejected it
+    _rejects: dict[int, int] = field(init=False, default_factory=dict)
+    # the counters, under _mu
+    _mu: threading.Lock = field(init=False, default_factory=threading.Lock)
+    _rows_by_table: dict[str, int] = field(init=False)
+    _batches: int = field(init=False, default=0)
+    _flush_errors: int = field(init=False, default=0)
+    _dropped: int = field(init=False, default=0)
+    _last_error: str = field(init=False, default="")
 
-        self._mu = threading.Lock()  # the counters
+    def __post_init__(self, max_backoff: float) -> None:
+        self._backoff = Backoff(0.25, float(max_backoff))
         self._rows_by_table = dict.fromkeys(TABLES, 0)
-        self._batches = 0
-        self._flush_errors = 0
-        self._dropped = 0
-        self._last_error = ""
+        spool = self.spool
         if spool.unreadable:
-            reporter.say(
+            self.reporter.say(
                 "spool-read",
                 f"{spool.unreadable} unreadable spool files in {spool.dir} set aside as *.bad",
             )

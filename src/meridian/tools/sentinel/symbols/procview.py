@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
 from ....proc import proc_stat
@@ -99,23 +99,20 @@ class Process:
         return None
 
 
+@dataclass(eq=False)
 class ProcessViews:
     """The cached views, the most recently used `max_processes` of them."""
 
-    def __init__(
-        self,
-        proc_root: Path,
-        max_processes: int,
-        recheck_s: float,
-        grace_s: float,
-        clock: Callable[[], float],
-    ) -> None:
-        self.proc_root = proc_root
-        self.recheck_s = recheck_s
-        self.grace_s = grace_s
-        self.clock = clock
-        self._procs: Lru[int, Process] = Lru(max_processes)
-        self._gen = 0
+    proc_root: Path
+    max_processes: InitVar[int]
+    recheck_s: float
+    grace_s: float
+    clock: Callable[[], float]
+    _procs: Lru[int, Process] = field(init=False)
+    _gen: int = field(init=False, default=0)
+
+    def __post_init__(self, max_processes: int) -> None:
+        self._procs = Lru(max_processes)
 
     def __len__(self) -> int:
         return len(self._procs)
