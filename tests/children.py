@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,16 @@ SLOWDOWN = float(os.environ.get("MERIDIAN_TEST_SLOWDOWN", "1"))
 def patience(seconds: float) -> float:
     """A timeout of `seconds` on this host, as long as it needs to be here."""
     return seconds * SLOWDOWN
+
+
+def wait_until(cond: Callable[[], object], seconds: float, what: str, step: float = 0.02) -> None:
+    """Poll `cond` every `step` seconds until it is true; fail naming `what` once
+    patience(seconds) have passed."""
+    limit = patience(seconds)
+    end = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < end, f"no {what} within {limit:g}s"
+        time.sleep(step)
 
 
 def reap(child: subprocess.Popen[Any]) -> None:
