@@ -8,7 +8,8 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,16 @@ SLOWDOWN = float(os.environ.get("MERIDIAN_TEST_SLOWDOWN", "1"))
 def patience(seconds: float) -> float:
     """A timeout of `seconds` on this host, as long as it needs to be here."""
     return seconds * SLOWDOWN
+
+
+def wait_until(cond: Callable[[], object], seconds: float, what: str, step: float = 0.02) -> None:
+    """Poll `cond` every `step` seconds until it is true; fail naming `what` once
+    patience(seconds) have passed."""
+    limit = patience(seconds)
+    end = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < end, f"no {what} within {limit:g}s"
+        time.sleep(step)
 
 
 def reap(child: subprocess.Popen[Any]) -> None:

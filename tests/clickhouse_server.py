@@ -1,6 +1,8 @@
 """Debian's clickhouse-server for the sentinel storage tests: started as a child on free
 ports of 127.0.0.1, with its config, data and logs under one temporary directory, and
-stopped in a finally."""
+stopped in a finally. Two users: `writer` (what an agent stores as) and `reader`, whose
+profile has readonly=1 (no DDL, no setting changed by a query), from users.d as an
+administrator adds one."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pytest
 
 SERVER = shutil.which("clickhouse-server") or "/usr/sbin/clickhouse-server"
 PASSWORD = "s3cret pass"
+READER, READER_PASSWORD = "reader", "read only"
 
 
 def free_port() -> int:
@@ -68,6 +71,17 @@ class ClickHouseServer:
   <quotas><default><interval><duration>3600</duration><queries>0</queries>
     <errors>0</errors><result_rows>0</result_rows><read_rows>0</read_rows>
     <execution_time>0</execution_time></interval></default></quotas>
+</yandex>
+"""
+        )
+        (root / "users.d").mkdir(exist_ok=True)  # merged into users.xml by the server
+        (root / "users.d" / "reader.xml").write_text(
+            f"""<?xml version="1.0"?>
+<yandex>
+  <profiles><readonly><readonly>1</readonly></readonly></profiles>
+  <users><{READER}><password>{READER_PASSWORD}</password>
+    <networks><ip>127.0.0.1</ip><ip>::1</ip></networks>
+    <profile>readonly</profile><quota>default</quota></{READER}></users>
 </yandex>
 """
         )

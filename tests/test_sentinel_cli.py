@@ -4,10 +4,13 @@ and exit code 2, never a traceback; --print-config round-trips through --config;
 
 from __future__ import annotations
 
+import copy
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from children import meridian
 from test_cli import one_line_exit_2
 
@@ -82,7 +85,32 @@ def test_port_in_use(busy_port: int) -> None:
     assert "in use" in p.stderr
 
 
+def printed(p: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
+    """The configuration --print-config printed, parsed."""
+    assert p.returncode == 0, p.stderr
+    cfg = yaml.safe_load(p.stdout)
+    assert isinstance(cfg, dict) and all(isinstance(v, dict) for v in cfg.values()), cfg
+    return cfg
+
+
+def assert_config(got: dict[str, dict[str, Any]], want: dict[str, dict[str, Any]]) -> None:
+    """Section by section, key by key."""
+    assert got.keys() == want.keys()
+    for section, keys in want.items():
+        assert got[section].keys() == keys.keys(), section
+        for key, value in keys.items():
+            assert got[section][key] == value, f"{section}.{key}"
+
+
 def test_print_config_round_trips(tmp_path: Path) -> None:
+    defaults = printed(sentinel("--print-config"))
+    groups = [["cycles", "llc-misses"], ["branch-misses"]]
+    want = copy.deepcopy(defaults)
+    want["perf"].update(sentinel_samples_per_sec=1234, sentinel_groups=groups)
+    want["perf"]["diagnostic_groups"] = groups  # --events is both modes'
+    want["metrics"].update(enabled=True, listen_port=9911)
+    want["mode"]["initial"] = "diagnostic"
+    assert want != defaults and want["control_plane"] == defaults["control_plane"]
     first = sentinel(
         "--print-config",
         "--samples-per-sec",
@@ -94,17 +122,16 @@ def test_print_config_round_trips(tmp_path: Path) -> None:
         "--mode",
         "diagnostic",
     )
-    assert first.returncode == 0, first.stderr
-    assert "sentinel_samples_per_sec: 1234" in first.stdout
-    assert "listen_port: 9911" in first.stdout
+    assert_config(printed(first), want)
     cfg = tmp_path / "sentinel.yaml"
     cfg.write_text(first.stdout)
     again = sentinel("--config", str(cfg), "--print-config")
-    assert again.returncode == 0, again.stderr
+    assert_config(printed(again), want)
     assert again.stdout == first.stdout
     # flags still win over the file
     over = sentinel("--config", str(cfg), "--samples-per-sec", "77", "--print-config")
-    assert "sentinel_samples_per_sec: 77" in over.stdout
+    want["perf"]["sentinel_samples_per_sec"] = 77
+    assert_config(printed(over), want)
 
 
 def test_print_config_shows_every_default() -> None:

@@ -5,18 +5,25 @@ the flows; --json windows carry them; SIGTERM and Ctrl-C print the summary and e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import yaml
+from children import patience, wait_attached, wait_until
 
 STOP_BOUND_S = 5.0  # SIGTERM to exit, with the summary
 MOCK = ["--perf-mock", "--mock-period-ms=25"]
@@ -64,9 +71,16 @@ def scrape(port: int, openmetrics: bool = True) -> str:
     return body.decode()
 
 
-def scrape_until(p: subprocess.Popen[str], port: int, needle: str, timeout: float = 20) -> str:
-    """Scrape until `needle` shows (the first flush window has happened)."""
-    end = time.monotonic() + timeout
+def scrape_until(
+    p: subprocess.Popen[str],
+    port: int,
+    needle: str,
+    timeout: float = 20,
+    value: Callable[[float], bool] | None = None,
+) -> str:
+    """Scrape until `needle` shows (the first flush window has happened), or, with
+    `value`, until the unlabelled metric `needle` has a value it accepts."""
+    end = time.monotonic() + patience(timeout)
     text = ""
     while time.monotonic() < end:
         assert p.poll() is None, p.communicate()
@@ -74,10 +88,14 @@ def scrape_until(p: subprocess.Popen[str], port: int, needle: str, timeout: floa
             text = scrape(port)
         except OSError:
             text = ""
-        if needle in text:
+        if value is None and needle in text:
             return text
+        if value is not None and needle in text:
+            (sample,) = families(text)[needle].samples
+            if value(float(sample.value)):
+                return text
         time.sleep(0.2)
-    raise AssertionError(f"{needle!r} not in /metrics after {timeout}s:\n{text}")
+    raise AssertionError(f"{needle!r} not in /metrics after {patience(timeout)}s:\n{text}")
 
 
 def stop(p: subprocess.Popen[str], sig: int = signal.SIGTERM) -> tuple[str, str, float]:
@@ -94,9 +112,30 @@ def families(text: str) -> dict[str, Any]:
     return {f.name: f for f in parse(text)}
 
 
-def test_metrics_parse_as_openmetrics(procs: list[subprocess.Popen[str]]) -> None:
+MOCK_RATE = 2000  # samples/s the mock source makes in the /metrics test
+METRICS_GROUPS = [["cycles", "llc-misses"], ["branch-misses"], ["instructions"]]
+
+
+def test_metrics_parse_as_openmetrics(procs: list[subprocess.Popen[str]], tmp_path: Path) -> None:
+    """/metrics of a mock run with three event groups that do not rotate within the
+    test: the scale is the configured number of groups (3, while the group sampled
+    has 2 events), the delivered rate is the mock's, nothing is dropped, and the
+    flows carry the first group's events only."""
+    cfg = tmp_path / "sentinel.yaml"
+    period_ms = 25
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "perf": {"sentinel_groups": METRICS_GROUPS, "rotation_window": 3600},
+                "mock": {"rate": MOCK_RATE},
+            }
+        )
+    )
     port = free_port()
-    p = start(*MOCK, CALM, f"--metrics-port={port}")
+    p = start(
+        "--config", str(cfg), "--perf-mock", f"--mock-period-ms={period_ms}", CALM,
+        f"--metrics-port={port}",
+    )  # fmt: skip
     procs.append(p)
     text = scrape_until(p, port, 'src="10.0.0.2"')
     fams = families(text)  # raises on anything that is not OpenMetrics
@@ -107,9 +146,15 @@ def test_metrics_parse_as_openmetrics(procs: list[subprocess.Popen[str]]) -> Non
         return float(sample.value)
 
     assert value("ms_agent_mode") == 0  # sentinel
-    assert value("ms_samples_per_sec") > 0
-    assert value("ms_pmu_scale") >= 1
+    assert value("ms_pmu_scale") == len(METRICS_GROUPS)
+    # The mock delivers MOCK_RATE x its clock, one batch per period: a window of about
+    # a second (the first one: its source opened a little before it) holds the
+    # batches due in it, give or take one at either end.
+    tolerance = MOCK_RATE * 2 * period_ms / 1000
+    assert abs(value("ms_samples_per_sec") - MOCK_RATE) <= tolerance, value("ms_samples_per_sec")
     assert value("ms_sampling_throttled") == 0
+    dropped = {s.labels["reason"]: s.value for s in fams["ms_dropped_samples"].samples}
+    assert dropped == {"token_bucket": 0, "hard_drop": 0, "ring_full": 0, "target_filtered": 0}
     norm = fams["ms_flow_event_norm"].samples
     rx = [s for s in norm if s.labels.get("src") == "10.0.0.2" and s.labels.get("sport") == "43012"]
     assert rx, norm
@@ -118,10 +163,9 @@ def test_metrics_parse_as_openmetrics(procs: list[subprocess.Popen[str]]) -> Non
     assert {s.labels["proto"] for s in rx} == {"tcp"}
     assert {s.labels["direction"] for s in rx} == {"rx"}
     assert all(len(s.labels["flow"]) == 16 for s in rx)
-    assert {s.labels["event"] for s in norm} >= {"cycles", "llc-misses"}
+    assert {s.labels["event"] for s in norm} == set(METRICS_GROUPS[0])
     assert any(s.labels.get("src") == "fd00::2" for s in norm)  # IPv6 flows too
     assert "ms_flow_micromiss_rate" in fams
-    assert "ms_dropped_samples" in fams  # the counter ms_dropped_samples_total
     assert "ms_tsc_slope" in fams and "ms_tsc_offset_ns" in fams
     _, _, took = stop(p)
     assert p.returncode == 0
@@ -257,21 +301,22 @@ class Broken:
         pass
 
 
-def wait_for(cond: Any, timeout: float = 10) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.05)
+def wait_for(cond: Any, timeout: float = 10, what: str = "condition") -> None:
+    wait_until(cond, timeout, what, step=0.05)
 
 
 def test_runtime_observers_control_and_stop() -> None:
     from meridian.tools.sentinel.agent.run import Runtime
+    from meridian.tools.sentinel.model.records import Event
     from meridian.tools.sentinel.sources.mock import PIDS, MockSource
 
     src = MockSource(period_ms=10, rng_seed=3, rate=2000)
     rec = Recorder()
     logged: list[str] = []
-    rt = Runtime(mock_config(), src, observers=[rec, Broken()], log=logged.append)
+    cfg = mock_config()
+    cfg.perf.rotation_window = 0.3
+    first, second = cfg.groups("diagnostic")  # ["cycles", ...], ["remote-dram", "hitm"]
+    rt = Runtime(cfg, src, observers=[rec, Broken()], log=logged.append)
     rt.start()
     ctl = rt.control
     try:
@@ -285,20 +330,39 @@ def test_runtime_observers_control_and_stop() -> None:
         assert sum(1 for line in logged if "Broken failed" in line) == 1  # said once, dropped
 
         assert ctl.set_mode("diagnostic").label == "diagnostic"
-        wait_for(lambda: set(src.events) >= {2, 3})  # the diagnostic group reached the source
+        windows, batches = len(rec.windows), len(rec.batches)  # from here: diagnostic
         st = ctl.status()
         assert st["mode"] == "diagnostic" and st["scale"] == 2.0
-        assert st["events"] == ["cycles", "instructions", "llc-misses", "branch-misses"]
         assert st["samples_per_sec_budget"] == rt.cfg.perf.diagnostic_samples_per_sec
+        # The rotator turns to the second group, and back: windows say so, and the
+        # samples the source delivers carry the group's events.
+        wait_for(
+            lambda: any(w.info.events == second for w in rec.windows[windows:]),
+            what="window of the second diagnostic group",
+        )
+        turned = next(
+            i for i, w in enumerate(rec.windows) if i >= windows and w.info.events == second
+        )
+        wait_for(lambda: any(w.info.events == first for w in rec.windows[turned:]))
+        # (the window flushing at the mode change may have been computed before it)
+        assert {w.info.scale for w in rec.windows[windows + 1 :]} == {2.0}
+        seen = {int(e) for b in rec.batches[batches:] for e in np.unique(b.samples["event"])}
+        assert {int(Event.REMOTE_DRAM), int(Event.XSNP_HITM)} <= seen
+        assert {int(Event.CYCLES), int(Event.BRANCH_MISS)} <= seen
 
         ctl.set_budgets(diagnostic=5, hard_drop_ns=0)
         wait_for(lambda: src._budget == 5)
         ctl.set_targets([{"pid": PIDS[1]}])
         wait_for(lambda: list(src._targets) == [PIDS[1]])
         n = len(rec.windows)
-        wait_for(lambda: len(rec.windows) >= n + 2)
-        late = rec.windows[-1]
-        assert {int(p) for p in late.rows["pid"]} <= {PIDS[1]}
+        # Window n may have been cut before the targets reached the source, and n + 1
+        # then holds samples from before; from n + 2 on, every window is cut after.
+        wait_for(
+            lambda: sum(len(w.rows) for w in rec.windows[n + 2 :]) > 0,
+            what="rows of the targeted pid",
+        )
+        pids = {int(p) for w in rec.windows[n + 2 :] for p in w.rows["pid"]}
+        assert pids == {PIDS[1]}
     finally:
         rt.stop()
     rt.stop()  # idempotent
@@ -338,71 +402,144 @@ def test_runtime_start_failure_closes_what_it_opened() -> None:
 # of this run by id (from the fdinfo of the agent's descriptors) rather than counting.
 
 
-def loaded_ids() -> set[int]:
-    progs = json.loads(subprocess.check_output(["bpftool", "-j", "prog", "list"]) or b"[]")
-    return {int(p["id"]) for p in progs}
+def loaded_ids(kind: str = "prog") -> set[int]:
+    """Ids of the BPF programs (or links: kind "link") loaded now."""
+    items = json.loads(subprocess.check_output(["bpftool", "-j", kind, "list"]) or b"[]")
+    return {int(p["id"]) for p in items}
 
 
-def held_by(pid: int) -> tuple[set[int], int]:
-    """(ids of the BPF programs process `pid` holds, its perf event descriptors)."""
-    ids: set[int] = set()
-    perf = 0
+@dataclass
+class Held:
+    """What a process holds, from its descriptors."""
+
+    progs: set[int]  # ids of BPF programs (held directly or through a link)
+    links: set[int]  # ids of BPF links
+    perf: int  # perf event descriptors
+
+
+def held_by(pid: int) -> Held:
+    held = Held(set(), set(), 0)
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
             if target == "anon_inode:[perf_event]":
-                perf += 1
+                held.perf += 1
             if target.startswith("anon_inode:bpf"):
                 with open(f"/proc/{pid}/fdinfo/{fd}") as f:
                     for line in f:
                         if line.startswith("prog_id:"):
-                            ids.add(int(line.split()[1]))
+                            held.progs.add(int(line.split()[1]))
+                        if line.startswith("link_id:"):
+                            held.links.add(int(line.split()[1]))
         except OSError:
             pass  # closed meanwhile
-    return ids, perf
+    return held
 
 
-def gone(ids: set[int], timeout: float = 10) -> set[int]:
-    """Those of `ids` still loaded after `timeout` (the kernel frees them after RCU)."""
-    end = time.monotonic() + timeout
-    left = ids & loaded_ids()
-    while left and time.monotonic() < end:
-        time.sleep(0.2)
-        left = ids & loaded_ids()
+def still_loaded(held: Held, timeout: float = 10) -> tuple[set[int], set[int]]:
+    """(programs, links) of `held` still in the kernel after patience(timeout): the
+    kernel frees them after an RCU grace period once the last reference goes."""
+    left: tuple[set[int], set[int]] = (set(), set())
+
+    def freed() -> bool:
+        nonlocal left
+        left = (held.progs & loaded_ids(), held.links & loaded_ids("link"))
+        return not any(left)
+
+    with contextlib.suppress(AssertionError):
+        wait_until(freed, timeout, "release", step=0.2)
     return left
+
+
+def summary_samples(out: str) -> int:
+    """The sample count of the exit summary's first line."""
+    m = re.search(r"^meridian sentinel: (\d+) samples in ", out, re.MULTILINE)
+    assert m, f"no summary line in:\n{out}"
+    return int(m[1])
+
+
+def serving(port: int) -> bool:
+    """The port accepts connections."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.05).close()
+    except OSError:
+        return False
+    return True
+
+
+def held_until_exit(p: subprocess.Popen[str]) -> Held:
+    """Every program and link `p` holds from now until it exits, polled back to back."""
+    seen = Held(set(), set(), 0)
+    while p.poll() is None:
+        try:
+            now = held_by(p.pid)
+        except FileNotFoundError:  # gone meanwhile
+            break
+        seen.progs |= now.progs
+        seen.links |= now.links
+        seen.perf = max(seen.perf, now.perf)
+    return seen
 
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_kernel_stop_leaves_nothing_attached(procs: list[subprocess.Popen[str]], sig: int) -> None:
+    """A real run, stopped once it has delivered samples: the summary counts them,
+    the run exits 0, and every program and link it held is gone."""
     port = free_port()
-    p = start("--events", "cpu-clock", f"--metrics-port={port}", "-F", "99")
+    p = start("--events", "cpu-clock", f"--metrics-port={port}", "-F", "99", "-v")
     procs.append(p)
-    scrape_until(p, port, "ms_tsc_slope{", timeout=60)  # after a flush window
-    ids, perf = held_by(p.pid)
-    assert ids, "the agent holds no BPF program"
-    assert ids <= loaded_ids()
-    assert perf > 0, "no perf event open"
+    wait_attached(p)  # -v names the strategy once the programs are attached
+    held = held_by(p.pid)
+    assert held.progs, "the agent holds no BPF program"
+    assert held.links, "the agent holds no BPF link"
+    assert held.progs <= loaded_ids() and held.links <= loaded_ids("link")
+    assert held.perf > 0, "no perf event open"
+    # a flush window with samples in it (cpu-clock samples idle CPUs too)
+    scrape_until(p, port, "ms_samples_per_sec", timeout=60, value=lambda v: v > 0)
     out, err, took = stop(p, sig)
     assert p.returncode == 0, err
     assert took < STOP_BOUND_S + 5
-    assert "samples in" in out
-    assert gone(ids) == set()
+    assert "Traceback" not in err
+    assert summary_samples(out) > 0
+    assert still_loaded(held) == (set(), set())
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("delay", [0.5, 1.0, 2.0])
-def test_kernel_signal_while_loading(procs: list[subprocess.Popen[str]], delay: float) -> None:
-    """SIGTERM at any point of the start (imports, load, attach): the run ends within
-    the bound and nothing it had loaded stays."""
-    p = start("--events", "cpu-clock", "--metrics-port=0", "-F", "99")
+@pytest.mark.parametrize("stage", ["serving", "attached"])
+def test_kernel_signal_while_loading(procs: list[subprocess.Popen[str]], stage: str) -> None:
+    """SIGTERM as soon as /metrics answers (it is served before the kernel object is
+    loaded: the signal is held through the load and the attach), or as soon as -v
+    says the programs are attached: the run exits 0 within the bound with its
+    summary, it did load programs and links, and none of them stays."""
+    port = free_port()
+    # -v only when its ready line is read: libbpf's detail would fill the stderr pipe
+    verbose = ["-v"] if stage == "attached" else []
+    p = start("--events", "cpu-clock", f"--metrics-port={port}", "-F", "99", *verbose)
     procs.append(p)
-    time.sleep(delay)
-    ids, _ = held_by(p.pid)
-    _, err, took = stop(p)
+    if stage == "attached":
+        wait_attached(p)
+    else:
+        wait_until(lambda: p.poll() is None and serving(port), 60, "/metrics", step=0.005)
+    before = held_by(p.pid)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    held = held_until_exit(p)  # what it loads and attaches after the signal too
+    out, err = p.communicate(timeout=STOP_BOUND_S + 10)
+    took = time.monotonic() - t0
+    if stage == "attached":
+        assert before.progs and before.links, "attached, yet no program or link held"
+    else:
+        assert not before.progs, "loaded before /metrics answered: not a signal while loading"
+    held.progs |= before.progs
+    held.links |= before.links
+    assert held.progs, "the agent loaded no BPF program"
+    assert held.links, "the agent attached no BPF link"
+    assert p.returncode == 0, err
     assert took < STOP_BOUND_S + 5, err
     assert "Traceback" not in err
-    assert gone(ids) == set()
+    assert summary_samples(out) >= 0  # the summary was printed
+    assert still_loaded(held) == (set(), set())
 
 
 def test_a_group_the_source_refuses_keeps_the_running_events() -> None:

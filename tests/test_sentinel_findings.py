@@ -3,10 +3,11 @@ of /metrics, every point of a family with the same labels, flows with their 5-tu
 
 from __future__ import annotations
 
-import time
 from collections import Counter
+from typing import Any
 
 import numpy as np
+from children import wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -14,8 +15,9 @@ from meridian.tools.sentinel.agent.findings import Findings
 from meridian.tools.sentinel.agent.run import Runtime
 from meridian.tools.sentinel.config.load import SentinelConfig
 from meridian.tools.sentinel.detectors import DetectorContext
+from meridian.tools.sentinel.detectors.false_sharing import MIN_HITS, MIN_SHARERS
 from meridian.tools.sentinel.model.records import Event
-from meridian.tools.sentinel.sources.mock import MockSource
+from meridian.tools.sentinel.sources.mock import SHARED_LINES, MockSource, make_samples
 
 
 class Seen:
@@ -35,12 +37,32 @@ class Seen:
         pass
 
 
+def shared_lines(samples: np.ndarray[Any, Any]) -> dict[int, int]:
+    """{line: HITM samples} of the lines FalseSharing must report for these samples
+    (one window): at least MIN_SHARERS CPUs, or processes, with MIN_HITS each."""
+    hitm = samples[(samples["event"] == Event.XSNP_HITM) & (samples["data_addr"] != 0)]
+    lines = (hitm["data_addr"] >> 6).tolist()
+    per_cpu = Counter(zip(lines, hitm["cpu"].tolist(), strict=True))
+    per_pid = Counter(zip(lines, hitm["pid"].tolist(), strict=True))
+    out: dict[int, int] = {}
+    for line, hits in Counter(lines).items():
+        cpus = sum(1 for (ln, _), n in per_cpu.items() if ln == line and n >= MIN_HITS)
+        pids = sum(1 for (ln, _), n in per_pid.items() if ln == line and n >= MIN_HITS)
+        if cpus >= MIN_SHARERS or pids >= MIN_SHARERS:
+            out[line] = hits
+    return out
+
+
+# the mock's HITM samples fall on these four cache lines
+MOCK_LINES = {(SHARED_LINES >> 6) + i for i in range(4)}
+
+
 def test_findings_are_the_detector_gauges() -> None:
     cfg = SentinelConfig()
     cfg.mock.enabled, cfg.metrics.enabled, cfg.anomaly.enabled = True, False, False
     cfg.mode.auto = False
     cfg.perf.sentinel_groups = cfg.perf.diagnostic_groups = [["hitm", "remote-dram"]]
-    cfg.aggregator.flush_interval = 10.0  # no flush of its own: the test stops it
+    cfg.aggregator.flush_interval = 3600.0  # no flush of its own: the test stops it
     rt = Runtime(cfg, MockSource(period_ms=10, rng_seed=7))
     findings = Findings(DetectorContext(objects=rt.symbolizer), rt.names.flow)
     seen = Seen()
@@ -49,7 +71,14 @@ def test_findings_are_the_detector_gauges() -> None:
     rt.metrics.add_source(findings.families)
     rt.start()
     try:
-        time.sleep(1.5)
+        # until every shared line of the mock is over the detector's bar
+        wait_until(
+            lambda: (
+                set(shared_lines(np.concatenate([*seen.batches, make_samples(0)]))) == MOCK_LINES
+            ),
+            20,
+            "HITM samples over the bar on each of the mock's shared lines",
+        )
     finally:
         rt.stop()  # the last window closes the detectors' windows
     samples = np.concatenate(seen.batches)
@@ -73,10 +102,10 @@ def test_findings_are_the_detector_gauges() -> None:
     assert {frozenset(p.labels) for p in points} == {
         frozenset({"flow", "numa", "ifindex", "src", "dst", "sport", "dport", "proto"})
     }
-    hitm = samples[(samples["event"] == Event.XSNP_HITM) & (samples["data_addr"] != 0)]
-    lines = Counter((hitm["data_addr"] >> 6).tolist())
+    expected = shared_lines(samples)  # every HITM sample of the run, one window
+    assert set(expected) == MOCK_LINES
     fs = fams["ms_false_sharing_score"].samples
     scores = {int(p.labels["line"], 16) >> 6: p.value for p in fs}
-    assert scores and all(scores[line] == lines[line] for line in scores)
+    assert scores == expected  # each line reported, once, with all its samples
     drops = {p.labels["detector"]: p.value for p in fams["ms_detector_dropped_samples"].samples}
     assert drops == {"false_sharing": 0, "remote_dram": 0}  # every sample counted

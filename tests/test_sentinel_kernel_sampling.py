@@ -11,12 +11,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from children import wait_until
 from sentinel_source import CLOCK, drain
 
 from meridian.bpf import probe
@@ -122,22 +123,106 @@ def test_token_bucket_per_cpu_rate(budget: int, freq: int) -> None:
 
 @pytest.mark.usefixtures("busy_cpus")
 def test_hard_drop_window_is_counted() -> None:
-    with KernelSource(CLOCK, frequency=1000, samples_per_sec=100, hard_drop_ns=50_000_000) as src:
-        time.sleep(1.5)
-        src.stop_sampling()
-        c = src.counters()
-    assert c["hard_drop"] > 0 and c["token_bucket"] > 0
-    assert c["samples"] == c["emitted"] + c["token_bucket"] + c["hard_drop"] + c["ring_full"]
+    """Each token-bucket drop opens one hard-drop window, and the window drops exactly
+    the samples inside it. From take_token() in bpf/sentinel.bpf.c: a sample that
+    finds the bucket empty counts `token_bucket` and sets hard_drop_until_ns = now +
+    hard_drop_ns; a sample with now < hard_drop_until_ns counts `hard_drop` and is
+    checked before the bucket, so no token-bucket drop (and no new window) happens
+    inside a window, and every token-bucket drop opens one. cpu-clock fires on a fixed
+    grid of period P = 1/F (the hrtimer is forwarded from its expiry), so a window
+    opened by the sample at t0 holds the samples at t0 + kP < t0 + H: k = 1 .. H*F - 1,
+    or one more when the sample at t0 + H ran with less latency than the one at t0.
+    Per CPU, with tb token-bucket drops (tb windows, the last one perhaps cut short by
+    stop_sampling): (tb - 1) * (H*F - 1) <= hard_drop <= tb * H*F. Measured on this
+    host for H*F = 50 (H = 50 ms, F = 1000 Hz): 49.0-49.6 hard drops per window over
+    100-300 windows (49 or 50 each, as derived), 48.3-49.4 over 30 (the last window
+    cut). A window of the wrong length (H/2: 24.2 per window) or one that never ends
+    fails."""
+    freq, window_ns, windows = 1000, 50_000_000, 30
+    per_window = window_ns * freq // 1_000_000_000  # H * F sample periods in a window
+    cpus = online_cpus()
+    with KernelSource(CLOCK, frequency=freq, samples_per_sec=100, hard_drop_ns=window_ns) as src:
+        wait_until(
+            lambda: min(int(per_cpu(src)["token_bucket"][c]) for c in cpus) >= windows,
+            30,
+            f"{windows} token-bucket drops on every CPU",
+        )
+        src.stop_sampling()  # the counters hold still from here
+        final = per_cpu(src)
+    for cpu in cpus:
+        f = final[cpu]
+        tb, hard = int(f["token_bucket"]), int(f["hard_drop"])
+        print(f"cpu {cpu}: {tb} windows, {hard} hard drops, {hard / tb:.2f} per window")
+        assert (tb - 1) * (per_window - 1) <= hard <= tb * per_window, (cpu, tb, hard)
+        assert f["samples"] == (f["emitted"] + f["token_bucket"] + f["hard_drop"] + f["ring_full"])
+        assert f["emitted"] > 0
 
 
+def _delivered_rates(
+    src: KernelSource, batches: list[np.ndarray[Any, Any]], samples_per_cpu: int
+) -> Callable[[], dict[int, tuple[float, float]]]:
+    """A measurement window, per online CPU, under the budget in force: it opens once
+    every CPU's bucket has run dry since the call (past the headroom a new budget
+    starts with: a drop under the old budget can only be the one sample in flight,
+    hence two) and closes once every CPU emitted `samples_per_cpu`. Returns a
+    function of the samples received (the drained `batches`, complete only after
+    stop_sampling) giving {cpu: (delivered/s, handler samples/s)}."""
+    cpus = online_cpus()
+    begin = per_cpu(src)
+    wait_until(
+        lambda: all(per_cpu(src)["token_bucket"][c] >= begin["token_bucket"][c] + 2 for c in cpus),
+        10,
+        "empty bucket on every CPU",
+    )
+    c0, t0 = per_cpu(src), time.monotonic_ns()
+    wait_until(
+        lambda: (
+            min(int(per_cpu(src)["emitted"][c] - c0["emitted"][c]) for c in cpus) >= samples_per_cpu
+        ),
+        30,
+        f"{samples_per_cpu} samples emitted on every CPU",
+    )
+    t1, c1 = time.monotonic_ns(), per_cpu(src)
+    seconds = (t1 - t0) / 1e9
+
+    def rates() -> dict[int, tuple[float, float]]:
+        samples = np.concatenate(batches)
+        inside = samples[(samples["time_ns"] >= t0) & (samples["time_ns"] < t1)]
+        got = np.bincount(inside["cpu"], minlength=max(cpus) + 1)
+        return {
+            c: (int(got[c]) / seconds, int(c1["samples"][c] - c0["samples"][c]) / seconds)
+            for c in cpus
+        }
+
+    return rates
+
+
+@pytest.mark.usefixtures("busy_cpus")
 def test_budget_changes_while_running() -> None:
-    with KernelSource(CLOCK, frequency=500, samples_per_sec=0) as src:
-        time.sleep(0.3)
-        assert src.counters()["token_bucket"] == 0
-        src.set_budget(5, 0)
-        time.sleep(0.5)
-        src.stop_sampling()
-        assert src.counters()["token_bucket"] > 0
+    """set_budget on a running source: the samples user space receives per CPU (by
+    their kernel time, bpf_ktime_get_ns = CLOCK_MONOTONIC) come at the new budget,
+    within 10 %, after coming at the first one; cpu-clock at 1000 Hz on busy CPUs
+    offers well over either."""
+    first, second = 300, 100
+    batches: list[np.ndarray[Any, Any]] = []
+    stop = threading.Event()
+    with KernelSource(CLOCK, frequency=1000, samples_per_sec=first) as src:
+        reader = threading.Thread(target=drain, args=(src, stop, batches))
+        reader.start()
+        try:
+            before = _delivered_rates(src, batches, first)
+            src.set_budget(second, 0)
+            after = _delivered_rates(src, batches, second)
+            src.stop_sampling()
+        finally:
+            stop.set()
+            reader.join()
+        batches.append(src.poll(0)[0])  # the rest of the ring
+    for budget, rates in ((first, before()), (second, after())):
+        for cpu, (delivered, offered) in rates.items():
+            print(f"cpu {cpu}: budget {budget}, delivered {delivered:.1f}/s of {offered:.0f}/s")
+            assert abs(delivered - budget) <= 0.1 * budget, (cpu, budget, delivered)
+            assert offered > 2 * budget  # the source could exceed the budget
 
 
 def test_hardware_events_fall_back_to_cpu_clock() -> None:

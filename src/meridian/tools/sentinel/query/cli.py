@@ -166,8 +166,9 @@ def _agent_api(args: argparse.Namespace) -> str | None:
 
 
 def open_query_store(args: argparse.Namespace) -> Backend:
-    """The store the flags name, opened; one-line errors for a missing directory, a
-    store an agent holds, a server that does not answer."""
+    """The store the flags name, opened read-only (a server's user may have readonly=1);
+    one-line errors for a missing directory, a store an agent holds, a server that does
+    not answer, a store no agent has written yet."""
     from ..config import ClickHouseConfig  # pydantic: only when a store is opened
 
     if args.clickhouse_url:

@@ -1,7 +1,9 @@
 """What a store does for the batcher: apply the schema, insert one batch of
 JSONEachRow lines, tell whether a batch whose insert had no answer was stored, and run
 a query. Two stores implement it: chDB in process (chdb_backend.py) and a ClickHouse
-server over HTTP (http_backend.py)."""
+server over HTTP (http_backend.py). Opened read-only (`meridian sentinel query`), a
+store only reads: a server's user may have readonly=1, which refuses DDL and every
+setting sent with a query."""
 
 from __future__ import annotations
 
@@ -10,9 +12,21 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ....errors import EnvironmentProblem
-from .schema import TIMED
+from .schema import TIMED, schema_problem
 
-__all__ = ["Backend", "BatchInfo", "StoreUnavailable", "error_code", "one_line", "stored_rows_sql"]
+__all__ = [
+    "UNKNOWN_DATABASE",
+    "Backend",
+    "BatchInfo",
+    "StoreUnavailable",
+    "error_code",
+    "found_tables_problem",
+    "no_tables",
+    "one_line",
+    "stored_rows_sql",
+]
+
+UNKNOWN_DATABASE = 81  # ClickHouse's code for a database that does not exist
 
 
 class StoreUnavailable(EnvironmentProblem):
@@ -55,6 +69,25 @@ def error_code(text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def no_tables(database: str, where: str) -> StoreUnavailable:
+    """What a reader is told when the store has none of our tables (or not the
+    database): no agent has stored there yet, or it stores in another database."""
+    return StoreUnavailable(
+        f"no sentinel tables in database {database} at {where}: has an agent stored there yet?",
+        kind="schema",
+    )
+
+
+def found_tables_problem(
+    found: list[dict[str, Any]], database: str, where: str, read_only: bool
+) -> str | None:
+    """What is wrong with the columns a store has (`columns_sql()`'s rows), None if
+    nothing; a reader finding no table at all is told `no_tables`."""
+    if read_only and not found:
+        raise no_tables(database, where)
+    return schema_problem(found)
+
+
 @dataclass(frozen=True)
 class BatchInfo:
     """One insert: the table, its id (in every row), its rows, and where to look for
@@ -71,7 +104,8 @@ class Backend(Protocol):
     name: str  # where the rows go, for messages: "chdb:/var/lib/x" or "http://h:8123"
 
     def open(self) -> None:
-        """Connect and apply the schema (idempotently); raises StoreUnavailable."""
+        """Connect and apply the schema (idempotently), or, opened read-only, only
+        check it (no_tables when there is none); raises StoreUnavailable."""
         ...
 
     def insert(self, info: BatchInfo, payload: bytes) -> None:

@@ -5,7 +5,8 @@ chDB runs one embedded server per process, on one directory at a time, and a
 directory cannot be opened by two processes; this backend takes a lock file in the
 directory first, so a second agent is told which process holds it instead of chDB's
 empty "Error initializing EmbeddedServer". A directory chDB cannot open or use (not a
-directory, a damaged catalog) is a one-line StoreUnavailable naming it.
+directory, a damaged catalog) is a one-line StoreUnavailable naming it. Opened
+read-only (`meridian sentinel query`), it applies no schema: a query changes nothing.
 """
 
 from __future__ import annotations
@@ -20,8 +21,17 @@ from typing import Any
 
 from ....errors import ExtraMissing
 from . import lockfile
-from .backend import BatchInfo, StoreUnavailable, error_code, one_line, stored_rows_sql
-from .schema import columns_sql, schema_problem, statements
+from .backend import (
+    UNKNOWN_DATABASE,
+    BatchInfo,
+    StoreUnavailable,
+    error_code,
+    found_tables_problem,
+    no_tables,
+    one_line,
+    stored_rows_sql,
+)
+from .schema import columns_sql, statements
 
 __all__ = ["LOCK_NAME", "ChdbBackend", "holder_pid"]
 
@@ -42,12 +52,20 @@ def holder_pid(data_dir: str | os.PathLike[str]) -> int | None:
 
 
 class ChdbBackend:
-    """chDB in a data directory; thread-safe (one lock around the session)."""
+    """chDB in a data directory; thread-safe (one lock around the session).
+    `read_only`: open checks the schema instead of applying it."""
 
-    def __init__(self, data_dir: str | os.PathLike[str], database: str = "default") -> None:
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        database: str = "default",
+        *,
+        read_only: bool = False,
+    ) -> None:
         self.session_module = _chdb_session()
         self.path = Path(data_dir).expanduser().absolute()
         self.database = database
+        self.read_only = read_only
         self.name = f"chdb:{self.path}"
         self._session: Any = None
         self._lock_fd: int | None = None
@@ -88,18 +106,30 @@ class ChdbBackend:
                 self._release_lock()
                 raise self._fail(f"cannot be opened: {one_line(str(exc))}") from None
             try:
-                self._run("SET output_format_json_quote_64bit_integers = 0")
-                if self.database != "default":
+                self._prepare()
+            except StoreUnavailable:
+                self._close_locked()
+                raise
+
+    def _prepare(self) -> None:
+        """Apply the schema in the session just opened (a reader only looks for it)."""
+        try:
+            self._run("SET output_format_json_quote_64bit_integers = 0")
+            if self.database != "default":
+                if not self.read_only:
                     self._run(f"CREATE DATABASE IF NOT EXISTS {self.database}")
-                    self._run(f"USE {self.database}")
+                self._run(f"USE {self.database}")
+            if not self.read_only:
                 for sql in statements():
                     self._run(sql)
-                problem = schema_problem(self._rows(columns_sql()))
-                if problem:
-                    raise RuntimeError(problem)
-            except Exception as exc:
-                self._close_locked()
-                raise self._fail(f"cannot be used: {one_line(str(exc))}") from None
+            found = self._rows(columns_sql())
+        except Exception as exc:
+            if self.read_only and error_code(str(exc)) == UNKNOWN_DATABASE:
+                raise no_tables(self.database, self.name) from None
+            raise self._fail(f"cannot be used: {one_line(str(exc))}") from None
+        problem = found_tables_problem(found, self.database, self.name, self.read_only)
+        if problem:
+            raise self._fail(f"cannot be used: {problem}")
 
     def _run(self, sql: str) -> Any:
         return self._session.query(sql, "JSONEachRow")

@@ -33,20 +33,20 @@ def _data_dir(cfg: Any) -> Path:
     return Path(cfg.data_dir).expanduser() if cfg.data_dir else default_state_dir() / "store"
 
 
-def open_backend(cfg: Any) -> Backend:
-    """The backend of a ClickHouseConfig, not yet opened. A data directory that is a
-    file, or a database name that is not an identifier, is a UsageError here, at
-    start."""
+def open_backend(cfg: Any, *, read_only: bool = False) -> Backend:
+    """The backend of a ClickHouseConfig, not yet opened (`read_only`: for queries, see
+    open_store). A data directory that is a file, or a database name that is not an
+    identifier, is a UsageError here, at start."""
     if not _IDENT.match(str(cfg.database)):
         raise UsageError(
             f"clickhouse.database: expected letters, digits and _, got {cfg.database!r}"
         )
     if cfg.url:
-        return HttpBackend(cfg.url, cfg.user, cfg.password_file, cfg.database)
+        return HttpBackend(cfg.url, cfg.user, cfg.password_file, cfg.database, read_only=read_only)
     path = _data_dir(cfg)
     if path.exists() and not path.is_dir():
         raise UsageError(f"clickhouse.data_dir (--data-dir): {path} is not a directory")
-    return ChdbBackend(path, cfg.database)
+    return ChdbBackend(path, cfg.database, read_only=read_only)
 
 
 def spool_dir_for(cfg: Any) -> Path:
@@ -85,10 +85,12 @@ def open_sink(
 
 
 def open_store(cfg: Any) -> Backend:
-    """An opened backend for queries (`meridian sentinel query`); StoreUnavailable, one
-    line, when it cannot be (chdb_backend.holder_pid tells which agent holds an
+    """An opened backend for queries (`meridian sentinel query`), read-only: it runs no
+    DDL and sends no setting, so a server user with readonly=1 can query, and a store no
+    agent has written is said (no_tables) rather than made. StoreUnavailable, one line,
+    when it cannot be opened (chdb_backend.holder_pid tells which agent holds an
     embedded store, whose API then answers instead)."""
-    backend = open_backend(cfg)
+    backend = open_backend(cfg, read_only=True)
     try:
         backend.open()
     except StoreUnavailable:

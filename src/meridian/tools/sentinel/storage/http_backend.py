@@ -8,6 +8,12 @@ An insert carries `query_id = meridian-<batch id>`: after a broken connection th
 batch is looked for under the same query id first, which the server refuses (code
 216) while the first insert still runs, so a batch is never counted missing while it
 is being stored.
+
+Rows come back as `FORMAT JSON`, whose header names each column's type: 64-bit
+integers, which ClickHouse quotes, are made numbers here rather than with
+output_format_json_quote_64bit_integers, a setting a readonly=1 user may not send. So
+no request carries a setting, and a read-only backend (`meridian sentinel query`) runs
+no DDL either: a user with readonly=1 can query.
 """
 
 from __future__ import annotations
@@ -15,23 +21,39 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import re
 import socket
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ....errors import UsageError
-from .backend import BatchInfo, StoreUnavailable, error_code, one_line, stored_rows_sql
-from .schema import columns_sql, schema_problem, statements
+from .backend import (
+    UNKNOWN_DATABASE,
+    BatchInfo,
+    StoreUnavailable,
+    error_code,
+    found_tables_problem,
+    one_line,
+    stored_rows_sql,
+)
+from .schema import columns_sql, statements
 
 __all__ = ["HttpBackend"]
 
 AUTH_CODES = frozenset((192, 193, 194, 195, 516))  # unknown user, wrong/required password, ...
+_QUOTED_INT = re.compile(r"U?Int(?:64|128|256)")  # JSON quotes these by default
+_WRAPPER = re.compile(r"(?:Nullable|LowCardinality)\((.*)\)")
+
+Decode = Callable[[Any], Any]
 
 
 class HttpBackend:
-    """ClickHouse over HTTP(S): `url` such as http://127.0.0.1:8123."""
+    """ClickHouse over HTTP(S): `url` such as http://127.0.0.1:8123; `read_only`: open
+    checks the schema instead of applying it."""
 
     def __init__(
         self,
@@ -40,6 +62,8 @@ class HttpBackend:
         password_file: str | None = None,
         database: str = "default",
         timeout: float = 10.0,
+        *,
+        read_only: bool = False,
     ) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -50,6 +74,7 @@ class HttpBackend:
         self.password_file = password_file
         self.database = database
         self.timeout = timeout
+        self.read_only = read_only
         self.server_version = ""
         self._password: str | None = None
 
@@ -123,11 +148,18 @@ class HttpBackend:
     def open(self) -> None:
         bare = {"database": ""}
         self.server_version = self._post(b"SELECT version()", bare).decode().strip()
-        if self.database != "default":
-            self._post(f"CREATE DATABASE IF NOT EXISTS {self.database}".encode(), bare)
-        for sql in statements():
-            self._post(sql.encode())
-        problem = schema_problem(self.query(columns_sql()))
+        if not self.read_only:
+            if self.database != "default":
+                self._post(f"CREATE DATABASE IF NOT EXISTS {self.database}".encode(), bare)
+            for sql in statements():
+                self._post(sql.encode())
+        try:
+            found = self.query(columns_sql())
+        except StoreUnavailable as exc:
+            if not (self.read_only and exc.code == UNKNOWN_DATABASE):
+                raise
+            found = []
+        problem = found_tables_problem(found, self.database, self.name, self.read_only)
         if problem:
             raise StoreUnavailable(f"ClickHouse at {self.name}: {problem}", kind="schema")
 
@@ -144,14 +176,37 @@ class HttpBackend:
         return int(self.query(stored_rows_sql(info))[0]["n"])
 
     def query(self, sql: str) -> list[dict[str, Any]]:
-        text = self._post(
-            f"{sql} FORMAT JSONEachRow".encode(),
-            {"output_format_json_quote_64bit_integers": "0"},
-        ).decode()
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        body = self._post(f"{sql} FORMAT JSON".encode())
+        if not body.strip():
+            return []  # a statement without a result (DDL): no JSON at all
+        got = json.loads(body)
+        columns = [(c["name"], _decoder(c["type"])) for c in got["meta"]]
+        return [
+            {name: row[name] if dec is None else dec(row[name]) for name, dec in columns}
+            for row in got["data"]
+        ]
 
     def close(self) -> None:
         pass  # one connection per request: nothing held
+
+
+def _decoder(kind: str) -> Decode | None:
+    """How a value of ClickHouse type `kind` is read from FORMAT JSON; None: as it is."""
+    wrapped = _WRAPPER.fullmatch(kind)
+    if wrapped:
+        return _decoder(wrapped.group(1))
+    if kind.startswith("Array(") and kind.endswith(")"):
+        inner = _decoder(kind[len("Array(") : -1])
+        return None if inner is None else partial(_array, inner)
+    return _int if _QUOTED_INT.fullmatch(kind) else None
+
+
+def _int(value: Any) -> Any:
+    return value if value is None else int(value)  # None: a Nullable's NULL
+
+
+def _array(inner: Decode, values: list[Any]) -> list[Any]:
+    return [inner(v) for v in values]
 
 
 def _query_id(info: BatchInfo) -> str:
