@@ -1,0 +1,3 @@
+"""Samples to rollups: clock calibration, packet-to-sample skew, target filters, the
+aggregator and its resolver, PMU rotation, the sentinel/diagnostic modes and the
+anomaly monitor. Never imports the outputs or the API."""

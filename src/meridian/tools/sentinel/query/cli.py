@@ -2,7 +2,7 @@
 ClickHouse server: `top-flows` and `flow FLOW` (with `--flamegraph`).
 
 An embedded store is one process's at a time (chDB), so while an agent writes it the
-query goes through that agent's API (query_api.py); an agent without one is said in
+query goes through that agent's API (client.py); an agent without one is said in
 one line with its pid and the ways that work. Every mistake is one line on stderr
 and exit code 2.
 """
