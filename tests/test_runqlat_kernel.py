@@ -26,12 +26,13 @@ CPUS = os.cpu_count() or 1
 @pytest.mark.parametrize("strategy", ["tp_btf", "tracepoint"])
 def test_twice_as_many_busy_processes_as_cpus_wait_longer_than_one(strategy: str) -> None:
     """The validate experiment: 1 busy process vs twice as many as there are CPUs,
-    p99 rises."""
+    p99 rises. The lone one may never wait (a CPU is always free for it; a full run
+    here once saw none in 1.5 s), the crowd must."""
     report = validate(Options(strategy=strategy), seconds=1.5, workers=2 * CPUS)
     assert report["strategy"] == strategy
     off, on = report["cases"]
     assert (off["busy_processes"], on["busy_processes"]) == (1, 2 * CPUS)
-    assert off["count"] > 0 and on["count"] > 0
+    assert on["count"] > 0
     assert on["p99_ns"] > off["p99_ns"], report
     assert report["passed"]
 

@@ -81,7 +81,9 @@ def validate(
     ]
     checks = {
         "p99_higher": cases[1]["p99_ns"] > cases[0]["p99_ns"],
-        "events_seen": cases[0]["count"] > 0 and cases[1]["count"] > 0,
+        # The lone busy process of OFF may never be queued (an idle CPU is always
+        # free for it): no wait is its lowest latency. ON's must be seen.
+        "events_seen": cases[1]["count"] > 0,
     }
     return {
         "time": iso_now(),
