@@ -153,3 +153,16 @@ def test_help_ends_with_examples() -> None:
     assert "meridian sentinel --perf-mock --mock-period-ms=25 --metrics-port=9102" in p.stdout
     for flag in ("--print-config", "--events", "--samples-per-sec", "--xdp", "--json"):
         assert flag in p.stdout
+
+
+def test_a_store_named_but_not_enabled_is_said_once(tmp_path: Path) -> None:
+    """A config with clickhouse.url and no `enabled: true` stores nothing: it says so."""
+    cfg = tmp_path / "sentinel.yaml"
+    cfg.write_text("clickhouse:\n  url: http://127.0.0.1:1\n")
+    p = sentinel("--config", str(cfg), "--perf-mock", "--duration", "1")
+    assert p.returncode == 0, p.stderr
+    said = [line for line in p.stderr.splitlines() if "clickhouse.url is set" in line]
+    assert said == [
+        "meridian sentinel: clickhouse.url is set but clickhouse.enabled is false: "
+        "nothing is stored (set clickhouse.enabled: true)"
+    ], p.stderr

@@ -174,6 +174,12 @@ def _add_observers(rt: Runtime, cfg: SentinelConfig, out: TextIO, err: TextIO) -
     rt.metrics.add_source(findings.families)
     if cfg.clickhouse.enabled:
         _add_store(rt, cfg, err)
+    elif cfg.clickhouse.url or cfg.clickhouse.data_dir:
+        where = "url" if cfg.clickhouse.url else "data_dir"
+        rt.state.log(
+            f"clickhouse.{where} is set but clickhouse.enabled is false: nothing is stored "
+            "(set clickhouse.enabled: true)"
+        )
     if cfg.run.json:
         rt.add_observer(JsonView(out, rt.names, cfg.metrics.top_flows))
         return None
