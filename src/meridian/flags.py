@@ -151,8 +151,11 @@ def running_pids(pids: list[int] | None, proc_root: str = "/proc") -> list[int]:
     return list(pids or [])
 
 
-def positive_number(value: str | None, what: str, integer: bool = False) -> float | None:
-    """A number > 0 from the command line, or None when not given; else a UsageError."""
+def positive_number(
+    value: str | None, what: str, integer: bool = False, minimum: float | None = None
+) -> float | None:
+    """A number from the command line, or None when not given; else a UsageError. Above
+    0 and finite, or with `minimum`, at least that."""
     if value is None:
         return None
     try:
@@ -161,7 +164,10 @@ def positive_number(value: str | None, what: str, integer: bool = False) -> floa
         raise UsageError(
             f"{what} must be a {'whole ' if integer else ''}number, got {value!r}"
         ) from None
-    if not num > 0 or num == float("inf"):
+    if minimum is not None:
+        if not num >= minimum:
+            raise UsageError(f"{what} must be at least {minimum:g}, got {value!r}")
+    elif not num > 0 or num == float("inf"):
         raise UsageError(f"{what} must be greater than 0, got {value!r}")
     return num
 

@@ -17,6 +17,7 @@ from ...flags import (
     add_pid,
     add_strategy,
     add_verbose,
+    positive_number,
     running_pids,
 )
 from .agent import run_options
@@ -93,19 +94,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _number(value: str | None, what: str, minimum: float, integer: bool = False) -> float | None:
-    if value is None:
-        return None
-    try:
-        num = int(value) if integer else float(value)
-    except ValueError:
-        kind = "a whole number" if integer else "a number"
-        raise UsageError(f"{what} must be {kind}, got {value!r}") from None
-    if num < minimum or num != num:
-        raise UsageError(f"{what} must be at least {minimum:g}, got {value!r}")
-    return num
-
-
 def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
     """Mount points of the cgroup v2 hierarchy (the unified one)."""
     out = []
@@ -149,21 +137,23 @@ def options_from_args(args: argparse.Namespace) -> Options:
         if not c or len(c.encode()) > 15:
             raise UsageError(f"--comm takes a process name of 1 to 15 bytes, got {c!r}")
         comms.append(c)
-    min_lat = _number(args.min_latency, "--min-latency", 0)
-    max_series = _number(args.max_pids, "--max-pids", 1, integer=True)
+    min_lat = positive_number(args.min_latency, "--min-latency", minimum=0)
+    max_series = positive_number(args.max_pids, "--max-pids", integer=True, minimum=1)
     metrics_max: float | None = DEFAULT_METRICS_MAX_PIDS
     if args.metrics_max_pids == "all":
         metrics_max = None
     elif args.metrics_max_pids is not None:
         try:
-            metrics_max = _number(args.metrics_max_pids, "--metrics-max-pids", 1, integer=True)
+            metrics_max = positive_number(
+                args.metrics_max_pids, "--metrics-max-pids", integer=True, minimum=1
+            )
         except UsageError:
             raise UsageError(
                 "--metrics-max-pids takes a number of processes (1 or more) or 'all', "
                 f"got {args.metrics_max_pids!r}"
             ) from None
-    interval = _number(args.interval, "--interval", 0.05) or 1.0
-    grace = _number(args.grace, "--grace", 0)
+    interval = positive_number(args.interval, "--interval", minimum=0.05) or 1.0
+    grace = positive_number(args.grace, "--grace", minimum=0)
     export = from_args(args)
     if export.otlp_logs and (args.no_events or args.top):
         raise UsageError("--otlp-logs sends events: it cannot go with --no-events or --top")
