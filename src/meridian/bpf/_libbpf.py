@@ -102,16 +102,24 @@ def _load() -> Any:
         f.argtypes = args
     _libc = _c.CDLL(None, use_errno=True)
     _libc.vsnprintf.argtypes = [_p, _sz, _s, _p]
+    _libc.vsnprintf.restype = _c.c_int
     _libc.syscall.restype = _c.c_long
     _lib = lib
     _install_print()
     return lib
 
 
+# libbpf prints a verifier log in one call: its reason for refusing a program is at
+# the end. Prints come only while objects load, so a large buffer per call is cheap.
+PRINT_BUFFER = 1 << 20
+
+
 def _on_print(level: int, fmt: bytes, va: int) -> int:
-    buf = _c.create_string_buffer(2048)
-    _libc.vsnprintf(buf, len(buf), fmt, va)
+    buf = _c.create_string_buffer(PRINT_BUFFER)
+    need = _libc.vsnprintf(buf, len(buf), fmt, va)
     text = buf.value.decode(errors="replace")
+    if need >= len(buf):
+        text += f"\n(libbpf message cut at {len(buf)} of {need} bytes)"
     for line in text.splitlines():
         log_lines.append(line)
         if _echo is not None:
