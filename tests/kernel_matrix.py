@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +61,15 @@ TOOLS = {name: [s.name for s in strategies] for name, strategies in TOOL_STRATEG
 SLOWDOWN = 5
 # One guest: the boot and Python's start-up alone take ~30 s under TCG.
 GUEST_TIMEOUT_S = 1500
+# pytest has collected the tests by then (~60 s here), or the boot hung: booted again once
+BOOT_TIMEOUT_S = 420
+BOOT_TRIES = 2
+# one test at most (the slowest takes ~50 s under TCG): a hang fails that test, with the
+# threads' stacks, and the others run (pytest-timeout, the `kernels` extra)
+TEST_TIMEOUT_S = 300
+# the guest's last console lines, printed again with the table when it failed: a CI log
+# is often read from its end
+TAIL_LINES = 40
 
 
 @dataclass
@@ -70,6 +80,7 @@ class Result:
     skipped: list[str] = field(default_factory=list)
     seconds: float = 0.0
     error: str = ""
+    tail: list[str] = field(default_factory=list)  # the guest's last console lines
 
     def strategies(self) -> dict[str, set[str]]:
         """tool -> its strategies that a passed test ran: tests/test_<tool>_*.py, a
@@ -93,12 +104,14 @@ def guest_script(tests: list[str], junit: Path) -> str:
         f"export PYTHONPATH={REPO / 'src'}\n"  # this checkout's code, whatever the venv's
         # the repository is read-only there: no cache, no hypothesis database
         f"exec {VENV_BIN}/python -m pytest -p no:cacheprovider -p no:hypothesispytest "
-        f"-v -m kernel --durations=5 --junitxml={junit} {' '.join(tests)}\n"
+        f"--timeout={TEST_TIMEOUT_S} -v -m kernel --durations=5 --junitxml={junit} "
+        f"{' '.join(tests)}\n"
     )
 
 
 def boot(image: Path, tests: list[str], scratch: Path) -> Result:
-    """Boot `image`, run the tests in it, read back their JUnit report."""
+    """Boot `image`, run the tests in it, read back their JUnit report. A boot that
+    never reaches pytest is tried again (BOOT_TRIES)."""
     kernel = image.name.removeprefix("vmlinuz-")
     junit = scratch / f"{kernel}.xml"
     script = scratch / f"{kernel}.sh"
@@ -108,44 +121,79 @@ def boot(image: Path, tests: list[str], scratch: Path) -> Result:
         "--cpus", "2", "--memory", "3G", f"--rwdir={scratch}", "--cwd", str(REPO),
         "--exec", f"sh {script}",
     ]  # fmt: skip
-    env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}")
-    print(f"== {kernel}: booting under TCG (5-10x slower than the host)", flush=True)
     start = time.monotonic()
     result = Result(kernel)
-    # The guest's console is relayed through a pipe: QEMU opens a file it is given as
-    # its output anew and truncates it, losing what came before.
-    # A session of its own: vng, virtme-run and QEMU end together (timeout, Ctrl-C).
-    proc = subprocess.Popen(
-        argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
-    )  # fmt: skip
-
-    def end_guest() -> None:
-        os.killpg(proc.pid, signal.SIGKILL)
-
-    timer = threading.Timer(GUEST_TIMEOUT_S, end_guest)
-    timer.start()
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            print(f"   {line.rstrip()}", flush=True)
-    except BaseException:  # Ctrl-C: no QEMU left behind
-        end_guest()
-        raise
-    finally:
-        timer.cancel()
-        proc.stdout.close()  # type: ignore[union-attr]
-    status = proc.wait()
-    if time.monotonic() - start >= GUEST_TIMEOUT_S:
-        result.error = f"the guest run took over {GUEST_TIMEOUT_S} s"
-    elif status not in (0, 1):  # pytest: 1 = tests failed, read them below
-        result.error = f"the guest run ended with status {status}"
+    for attempt in range(1, BOOT_TRIES + 1):
+        print(f"== {kernel}: booting under TCG (5-10x slower than the host)", flush=True)
+        guest = Guest(argv)
+        status = guest.run()
+        result.tail = list(guest.tail)
+        if guest.hung == "boot" and attempt < BOOT_TRIES:
+            print(f"== {kernel}: no test started in {BOOT_TIMEOUT_S} s: booting again", flush=True)
+            continue
+        if guest.hung == "boot":
+            result.error = f"no test started in {BOOT_TIMEOUT_S} s, {BOOT_TRIES} boots"
+        elif guest.hung:
+            result.error = f"the guest run took over {GUEST_TIMEOUT_S} s"
+        elif status not in (0, 1):  # pytest: 1 = tests failed, read them below
+            result.error = f"the guest run ended with status {status}"
+        break
     result.seconds = time.monotonic() - start
     if junit.exists():
         read_junit(junit, result)
     elif not result.error:
         result.error = "the guest wrote no test report"
     return result
+
+
+class Guest:
+    """One vng run, its console relayed line by line, killed when it hangs: before
+    pytest starts (`hung` "boot") or in all (`hung` "run")."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.argv = argv
+        self.hung = ""
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.started = threading.Event()  # pytest collected the tests
+
+    def run(self) -> int:
+        env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+        # The guest's console is relayed through a pipe: QEMU opens a file it is given as
+        # its output anew and truncates it, losing what came before.
+        # A session of its own: vng, virtme-run and QEMU end together (timeout, Ctrl-C).
+        proc = subprocess.Popen(
+            self.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
+        )  # fmt: skip
+
+        def end(why: str) -> None:
+            if proc.poll() is None:
+                self.hung = self.hung or why
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        def watch() -> None:
+            if not self.started.wait(BOOT_TIMEOUT_S):
+                end("boot")
+
+        timer = threading.Timer(GUEST_TIMEOUT_S, end, args=("run",))
+        timer.start()
+        threading.Thread(target=watch, daemon=True).start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                line = line.rstrip()
+                self.tail.append(line)
+                if re.search(r"collected \d+ item", line):
+                    self.started.set()
+                print(f"   {line}", flush=True)
+        except BaseException:  # Ctrl-C: no QEMU left behind
+            end("run")
+            raise
+        finally:
+            timer.cancel()
+            self.started.set()  # the watch ends
+            proc.stdout.close()  # type: ignore[union-attr]
+        return proc.wait()
 
 
 def read_junit(path: Path, result: Result) -> None:
@@ -212,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         for line in [*r.failed, r.error, *(f"not exercised: {m}" for m in missing)]:
             if line:
                 print(f"   {line}")
+        if r.failed or r.error:
+            print(f"   the guest's last {len(r.tail)} console lines:")
+            for line in r.tail:
+                print(f"   | {line}")
         ok = ok and not (r.failed or r.error or missing or not r.passed)
     print(markdown(results))
     return 0 if ok else 1

@@ -1,0 +1,36 @@
+"""The kernel matrix's guest watch (tests/kernel_matrix.py), with a shell command in
+place of vng: a boot that never reaches pytest and a run that hangs are both killed,
+and the console's last lines are kept for the report."""
+
+from __future__ import annotations
+
+import time
+
+import kernel_matrix
+import pytest
+
+
+def test_a_boot_that_never_reaches_pytest_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel_matrix, "BOOT_TIMEOUT_S", 1.0)
+    guest = kernel_matrix.Guest(["sh", "-c", "echo booting; exec sleep 60"])
+    t0 = time.monotonic()
+    guest.run()
+    assert guest.hung == "boot" and time.monotonic() - t0 < 30
+    assert list(guest.tail) == ["booting"]
+
+
+def test_a_run_that_hangs_is_killed_and_its_tail_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel_matrix, "BOOT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(kernel_matrix, "GUEST_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(kernel_matrix, "TAIL_LINES", 3)
+    script = "echo collected 2 items; for i in 1 2 3 4; do echo line $i; done; exec sleep 60"
+    guest = kernel_matrix.Guest(["sh", "-c", script])
+    guest.run()
+    assert guest.hung == "run"  # pytest started: not a boot hang
+    assert list(guest.tail) == ["line 2", "line 3", "line 4"]
+
+
+def test_a_run_that_ends_is_not_hung(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel_matrix, "BOOT_TIMEOUT_S", 5.0)
+    guest = kernel_matrix.Guest(["sh", "-c", "echo collected 1 item; exit 1"])
+    assert guest.run() == 1 and guest.hung == ""
