@@ -47,8 +47,10 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 def store_as_agent(url: str, password_file: str, spool: Path) -> None:
     """Two named flows and one unnamed, through the agent's sink, as `writer`."""
-    cfg = ClickHouseConfig(url=url, user="writer", password_file=password_file)
-    sink = open_sink(cfg, spool_dir=spool, run_id=1)
+    cfg = ClickHouseConfig(
+        url=url, user="writer", password_file=password_file, spool_dir=str(spool)
+    )
+    sink = open_sink(cfg, run_id=1)
     try:
         sink.write_flows(
             [(k.flow_id, k.src, k.dst, k.sport, k.dport, str(k.proto)) for k in (A, B)]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from meridian.tools.sentinel.model.rollup import UNRESOLVED
-from meridian.tools.sentinel.storage import ChdbBackend
+from meridian.tools.sentinel.storage import TABLES, ChdbBackend
 
 pytest.importorskip("chdb", reason="chDB is not installed (pip install chdb)")
 
@@ -45,6 +45,10 @@ def test_windows_stored_exactly_with_names(tmp_path: Path) -> None:
         (raw,) = db.query("SELECT count() AS n FROM ms_raw_samples")
         # every sample the agent kept, once, in the rollups and in the raw table
         assert int(total["s"]) == int(raw["n"]) == summary["samples"] > 0
+        every = sum(int(db.query(f"SELECT count() AS n FROM {t}")[0]["n"]) for t in TABLES)
+        storage = summary["storage"]  # what the summary says it stored is what is there
+        assert storage["stored_rows"] == every and storage["inherited_rows"] == 0
+        assert storage["unsent_rows"] == storage["dropped_rows"] == 0
         unnamed_flows = db.query(
             "SELECT DISTINCT flow_id FROM ms_flow_rollup WHERE flow_id != 0 AND flow_id NOT IN "
             "(SELECT flow_id FROM ms_flows)"

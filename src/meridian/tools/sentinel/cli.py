@@ -90,6 +90,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         ("--clickhouse-url", "URL", "store on this ClickHouse server (HTTP)"),
         ("--clickhouse-user", "USER", "ClickHouse user (default: default)"),
         ("--clickhouse-password-file", "FILE", "file holding the ClickHouse password"),
+        ("--spool-dir", "DIR", "batches not yet stored wait here (default: see --print-config)"),
     ):
         p.add_argument(flag, metavar=metavar, help=text)
     _switch(p, "--raw-samples", "store every sample too (ms_raw_samples), not only rollups")
@@ -159,7 +160,12 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     if args.print_config:
-        sys.stdout.write(dump_config(cfg))
+        from .storage.factory import data_dir_for, spool_dir_for
+
+        unset = {"clickhouse.spool_dir": str(spool_dir_for(cfg.clickhouse))}
+        if not cfg.clickhouse.url:
+            unset["clickhouse.data_dir"] = str(data_dir_for(cfg.clickhouse))
+        sys.stdout.write(dump_config(cfg, unset))
         return 0
     check_host(cfg)
     from .agent.run import run_cli

@@ -126,7 +126,9 @@ class RuntimeControl:
         return {
             "backend": str(s.backend),
             "connected": bool(s.connected),
+            "stored_rows": int(s.rows_written),
             "backlog_rows": int(s.backlog_rows),
+            "spooled_rows": int(s.spooled_rows),
             "spool_bytes": int(s.spool_bytes),
             "dropped_rows": int(s.dropped_rows),
             "flush_errors": int(s.flush_errors),

@@ -204,10 +204,19 @@ def _add_store(rt: Runtime, cfg: SentinelConfig, err: TextIO) -> None:
 
 
 def _summary(rt: Runtime, cfg: SentinelConfig, out: TextIO) -> None:
+    """The run's top flows, and what became of the rows handed to storage (the sink is
+    closed by now: what it holds is what this run leaves unsent)."""
+    sink = rt.state.observers.sink()
+    stored = sink.stats() if sink is not None else None
     if cfg.run.json:
         from ....output import dumps
 
-        out.write(dumps(summary_json(rt.totals, rt.seconds, rt.info, rt.names)) + "\n")
+        obj = summary_json(rt.totals, rt.seconds, rt.info, rt.names)
+        if stored is not None:
+            obj["storage"] = stored.summary()
+        out.write(dumps(obj) + "\n")
     else:
         render_summary(rt.totals, rt.seconds, rt.info, rt.names, out)
+        for line in stored.summary_lines() if stored is not None else []:
+            print(line, file=out)
     out.flush()

@@ -277,7 +277,9 @@ class TargetsOut(Out):
 class StorageOut(Out):
     backend: str
     connected: bool
+    stored_rows: int = Field(description="rows the store acknowledged since start")
     backlog_rows: int = Field(description="rows not stored yet (memory and spool)")
+    spooled_rows: int = Field(description="rows on disk in the spool, not stored yet")
     spool_bytes: int
     dropped_rows: int
     flush_errors: int

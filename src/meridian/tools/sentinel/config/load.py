@@ -120,6 +120,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "clickhouse_url": ("clickhouse.url", "--clickhouse-url"),
     "clickhouse_user": ("clickhouse.user", "--clickhouse-user"),
     "clickhouse_password_file": ("clickhouse.password_file", "--clickhouse-password-file"),
+    "spool_dir": ("clickhouse.spool_dir", "--spool-dir"),
     "raw_samples": ("clickhouse.raw_samples", "--raw-samples"),
     "perf_mock": ("mock.enabled", "--perf-mock"),
     "mock_period_ms": ("mock.period_ms", "--mock-period-ms"),
@@ -199,9 +200,9 @@ def _yaml_scalar(v: Any) -> str:
     return json.dumps(str(v), ensure_ascii=False)
 
 
-def dump_config(cfg: SentinelConfig | None = None) -> str:
+def dump_config(cfg: SentinelConfig | None = None, unset: dict[str, str] | None = None) -> str:
     """YAML of every key with its value and description (--print-config); reading it
-    back gives the same config."""
+    back gives the same config. `unset`: key -> what a null there means on this host."""
     cfg = cfg if cfg is not None else SentinelConfig()
     lines = [
         "# meridian sentinel configuration: every key, with its default unless overridden.",
@@ -213,6 +214,8 @@ def dump_config(cfg: SentinelConfig | None = None) -> str:
         doc = (type(section).__doc__ or "").strip().splitlines()[0]
         lines += ["", f"# {doc}", f"{sname}:"]
         for name, f in type(section).model_fields.items():
-            lines.append(f"  # {f.description or ''}")
-            lines.append(f"  {name}: {_yaml_scalar(getattr(section, name))}")
+            value = getattr(section, name)
+            meaning = (unset or {}).get(f"{sname}.{name}") if value is None else None
+            lines.append(f"  # {f.description or ''}" + (f" (null: {meaning})" if meaning else ""))
+            lines.append(f"  {name}: {_yaml_scalar(value)}")
     return "\n".join(lines) + "\n"

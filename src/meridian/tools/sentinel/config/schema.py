@@ -226,7 +226,11 @@ class ClickHouseConfig(Settings):
     database: str = _key("default", "ClickHouse database")
     batch_rows: OneOrMore = _key(10000, "rows per INSERT batch at most")
     flush_interval: Interval = _key(1.0, "seconds before a partial batch is sent")
-    spool_max_bytes: ZeroOrMore = _key(1 << 30, "on-disk queue while the server is unreachable")
+    spool_dir: str | None = _key(
+        None, "every batch waits here on disk until the store has it (one agent per spool)"
+    )
+    spool_max_bytes: ZeroOrMore = _key(1 << 30, "the spool's size at most; past it rows drop")
+    max_backoff: Interval = _key(10.0, "seconds between two tries of a store that is down")
     raw_samples: bool = _key(False, "store every sample too (ms_raw_samples), not only rollups")
 
 

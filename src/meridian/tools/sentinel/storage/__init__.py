@@ -1,6 +1,7 @@
 """ClickHouse storage of `meridian sentinel` (part 2): the seed's four tables
-(schema.sql), in chDB in process or on a ClickHouse server over HTTP, written in
-batches by one thread, spooled to disk while the store cannot take them.
+(schema.sql), in chDB in process or on a ClickHouse server over HTTP: batches go to an
+on-disk spool first, and from it to the store, so an outage or a crash loses nothing
+that reached the spool.
 
 Modules, each importing only those above it:
 - schema.py        the tables, from schema.sql
@@ -8,11 +9,11 @@ Modules, each importing only those above it:
 - rows.py          rollups, raw samples, stacks, data objects -> JSONEachRow lines
 - report.py        once-a-minute messages on stderr
 - lockfile.py      one process per directory (a lock file with the holder's pid)
-- spool.py         the bounded on-disk queue of batches
+- spool.py         the bounded on-disk queue every batch passes through
 - chdb_backend.py  chDB in a data directory
 - http_backend.py  a server over HTTP
-- sender.py        batches to the store exactly once, via the spool; the counters
-- sink.py          Sink (the runtime's interface) and BatchingSink (the batcher)
+- sender.py        the spool to the store exactly once, with backoff; the counters
+- sink.py          Sink (the runtime's interface) and BatchingSink (its two threads)
 - factory.py       the backend and sink a ClickHouseConfig names
 """
 

@@ -16,7 +16,14 @@ from .http_backend import HttpBackend
 from .report import Reporter
 from .sink import BatchingSink
 
-__all__ = ["default_state_dir", "open_backend", "open_sink", "open_store", "spool_dir_for"]
+__all__ = [
+    "data_dir_for",
+    "default_state_dir",
+    "open_backend",
+    "open_sink",
+    "open_store",
+    "spool_dir_for",
+]
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -29,7 +36,9 @@ def default_state_dir() -> Path:
     return Path(base) / "meridian" / "sentinel"
 
 
-def _data_dir(cfg: Any) -> Path:
+def data_dir_for(cfg: Any) -> Path:
+    """The embedded store's directory: clickhouse.data_dir, or `store` in the state
+    directory."""
     return Path(cfg.data_dir).expanduser() if cfg.data_dir else default_state_dir() / "store"
 
 
@@ -43,7 +52,7 @@ def open_backend(cfg: Any, *, read_only: bool = False) -> Backend:
         )
     if cfg.url:
         return HttpBackend(cfg.url, cfg.user, cfg.password_file, cfg.database, read_only=read_only)
-    path = _data_dir(cfg)
+    path = data_dir_for(cfg)
     if path.exists() and not path.is_dir():
         raise UsageError(f"clickhouse.data_dir (--data-dir): {path} is not a directory")
     return ChdbBackend(path, cfg.database, read_only=read_only)
@@ -52,21 +61,18 @@ def open_backend(cfg: Any, *, read_only: bool = False) -> Backend:
 def spool_dir_for(cfg: Any) -> Path:
     """clickhouse.spool_dir when the config has it; else `spool` in the embedded
     store's directory, or one directory per server URL in the state directory."""
-    explicit = getattr(cfg, "spool_dir", None)
-    if explicit:
-        return Path(explicit).expanduser()
+    if cfg.spool_dir:
+        return Path(cfg.spool_dir).expanduser()
     if cfg.url:
         tag = hashlib.sha256(str(cfg.url).encode()).hexdigest()[:12]
         return default_state_dir() / f"spool-{tag}"
-    return _data_dir(cfg) / "spool"
+    return data_dir_for(cfg) / "spool"
 
 
 def open_sink(
     cfg: Any,
     *,
     reporter: Reporter | None = None,
-    spool_dir: str | os.PathLike[str] | None = None,
-    max_backoff: float = 30.0,
     run_id: int | None = None,
 ) -> BatchingSink:
     """The agent's writer for a ClickHouseConfig. The store is opened (and the schema
@@ -74,11 +80,11 @@ def open_sink(
     and retried, and the agent runs on."""
     return BatchingSink(
         open_backend(cfg),
-        spool_dir=str(spool_dir if spool_dir is not None else spool_dir_for(cfg)),
+        spool_dir=str(spool_dir_for(cfg)),
         spool_max_bytes=cfg.spool_max_bytes,
         batch_rows=cfg.batch_rows,
         flush_interval=cfg.flush_interval,
-        max_backoff=max_backoff,
+        max_backoff=cfg.max_backoff,
         reporter=reporter,
         run_id=run_id,
     )

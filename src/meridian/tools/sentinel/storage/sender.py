@@ -1,6 +1,7 @@
-"""The store's side of the writer thread: batches go to the backend, or to the on-disk
-spool when it refuses or cannot be reached, and the spool goes out oldest first when
-it answers again. New batches queue behind the spool, so rows arrive in order.
+"""The store's side of storage: the sender thread sends the spool (spool.py), where
+every batch is written first, to the backend oldest batch first, and removes each batch
+the store acknowledged. A store that is down or slow never holds rows in memory: they
+are on disk already.
 
 A store that fails is tried again with exponential backoff (from 0.25 s, with jitter,
 up to `max_backoff`: meridian/backoff.py). Every failed insert or reconnect counts in
@@ -9,8 +10,9 @@ then they are counted (`dropped_rows`). What goes wrong is said on stderr at mos
 a minute per kind.
 
 Exactly once: each batch carries a random `batch_id` in its rows. An insert whose
-answer was lost (connection broken after the rows went out) is not sent again blindly:
-the batch is looked for first, and sent only when the store does not hold it.
+answer was lost (connection broken after the rows went out), and the oldest batch a
+killed agent left, are not sent again blindly: the batch is looked for first, and sent
+only when the store does not hold it.
 """
 
 from __future__ import annotations
@@ -48,21 +50,51 @@ class SinkStats:
     batches_written: int
     flush_errors: int  # ms_clickhouse_flush_errors_total
     dropped_rows: int  # ms_clickhouse_dropped_rows_total
-    pending_rows: int  # in memory, not yet sent
-    spooled_rows: int
+    pending_rows: int  # in memory, not yet on disk
+    spooled_rows: int  # on disk, not yet stored
     spool_bytes: int
     last_error: str
+    spool_dir: str = ""
+    inherited_rows: int = 0  # in the spool at start: left by an earlier run
     rows_by_table: dict[str, int] = field(default_factory=dict)
 
     @property
     def backlog_rows(self) -> int:
         return self.pending_rows + self.spooled_rows
 
+    def summary(self) -> dict[str, object]:
+        """The run's storage, for the --json summary."""
+        return {
+            "backend": self.backend,
+            "stored_rows": self.rows_written,
+            "inherited_rows": self.inherited_rows,
+            "unsent_rows": self.backlog_rows,
+            "dropped_rows": self.dropped_rows,
+            "flush_errors": self.flush_errors,
+            "spool_dir": self.spool_dir,
+        }
+
+    def summary_lines(self) -> list[str]:
+        """The run's storage, for the text summary: what is stored, lost, and left
+        unsent with how to send it."""
+        earlier = f" ({self.inherited_rows} left by an earlier run)" if self.inherited_rows else ""
+        lines = [
+            f"storage: {self.rows_written} rows stored in {self.backend}{earlier}, "
+            f"{self.dropped_rows} dropped, {self.backlog_rows} unsent"
+        ]
+        if self.backlog_rows:
+            lines.append(
+                f"storage: the {self.backlog_rows} unsent rows wait in {self.spool_dir}; the "
+                "next `meridian sentinel` on that spool (the same store, or --spool-dir) "
+                "sends them first"
+            )
+        return lines
+
 
 @dataclass(eq=False)
 class Sender:
-    """Sends batches to one Backend through a Spool, and keeps the counts. `send` runs
-    in the writer thread only; `to_spool`, `drop` and `stats` from any thread."""
+    """Sends a Spool to one Backend, and keeps the counts. `ensure_open` and `drain`
+    run in the sender thread only; `to_spool`, `drop` and `stats` from any thread."""
 
     backend: Backend
     spool: Spool
@@ -71,6 +103,7 @@ class Sender:
     clock: Callable[[], float]
     connected: bool = field(init=False, default=False)
     next_try: float = field(init=False, default=0.0)  # no reconnect before (of `clock`)
+    attempts: int = field(init=False, default=0)  # connects tried (flush waits for one)
     _backoff: Backoff = field(init=False)
     _was_down: bool = field(init=False, default=False)
     # batch id -> times the store rejected it
@@ -97,17 +130,6 @@ class Sender:
         """The spool holds batches and the store may take them now."""
         return len(self.spool) > 0 and (self.connected or now >= self.next_try)
 
-    def send(self, batches: list[Batch], time_budget: float) -> None:
-        """New batches in order (to the spool while it holds anything or the store is
-        down), then spooled ones for up to `time_budget` seconds."""
-        for i, (info, payload) in enumerate(batches):
-            if len(self.spool) or not self.ensure_open():
-                for rest in batches[i:]:
-                    self.to_spool(*rest)
-                break
-            self._insert(info, payload)
-        self._drain(time_budget)
-
     def ensure_open(self) -> bool:
         """Connected, or (re)connected now; False while backing off or on failure."""
         if self.connected:
@@ -119,6 +141,8 @@ class Sender:
         except StoreUnavailable as exc:
             self._failed(exc)
             return False
+        finally:
+            self.attempts += 1
         self.connected = True
         self._backoff.reset()
         if self._was_down:
@@ -129,17 +153,7 @@ class Sender:
             )
         return True
 
-    def _insert(self, info: BatchInfo, payload: bytes) -> None:
-        """Insert one batch (never spooled yet); on failure it goes to the spool."""
-        try:
-            self.backend.insert(info, payload)
-        except StoreUnavailable as exc:
-            self._failed(exc)
-            self.to_spool(info, payload, uncertain=exc.ambiguous)
-            return
-        self._stored(info, info.rows)
-
-    def _drain(self, time_budget: float) -> None:
+    def drain(self, time_budget: float) -> None:
         """Send spooled batches, oldest first, while the store takes them."""
         end = time.monotonic() + time_budget  # real time, whatever `clock` is
         while len(self.spool) and time.monotonic() < end and self.ensure_open():
@@ -212,7 +226,10 @@ class Sender:
         self.next_try = self.clock() + self._backoff.failed()
         with self._mu:
             self._flush_errors += 1
-        spool = f"; rows wait in the spool {self.spool.dir}, retrying with backoff"
+        spool = (
+            f"; rows wait in the spool {self.spool.dir}, retried with backoff "
+            f"(at most {self._backoff.cap:g} s apart)"
+        )
         self.note_error(f"{exc}{spool}", exc.kind)
 
     def to_spool(self, info: BatchInfo, payload: bytes, uncertain: bool = False) -> None:
@@ -250,5 +267,7 @@ class Sender:
                 spooled_rows=self.spool.rows,
                 spool_bytes=self.spool.bytes,
                 last_error=self._last_error,
+                spool_dir=str(self.spool.dir),
+                inherited_rows=self.spool.inherited_rows,
                 rows_by_table=dict(self._rows_by_table),
             )

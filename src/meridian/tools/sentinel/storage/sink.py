@@ -1,10 +1,12 @@
 """The storage writer the runtime calls: rows in, batches out, nothing raised.
 
-`write_*` turn rows into JSONEachRow lines in the caller's thread and return; one
-writer thread forms batches (`batch_rows` rows of one table, or what has waited
-`flush_interval` seconds, whichever comes first) and hands them to the Sender
-(sender.py), which stores them exactly once or spools them. When the writer falls
-behind, what passes `max_pending_rows` in memory goes to the spool at once.
+`write_*` turn rows into JSONEachRow lines in the caller's thread and return. The
+spooler thread forms batches (`batch_rows` rows of one table, or what has waited
+`flush_interval` seconds, or everything at `commit`, whichever comes first) and writes
+each to the on-disk spool; the sender thread (sender.py) stores the spool exactly once,
+oldest first. So a row is on disk within one flush interval of its write (at once
+after `commit`) however long the store is down or slow, and a killed agent loses only
+what was not yet written to the spool: the next agent on the same spool sends the rest.
 """
 
 from __future__ import annotations
@@ -131,6 +133,11 @@ class Sink(ABC):
         """Count rows lost, and say why."""
 
     @abstractmethod
+    def commit(self) -> bool:
+        """What was written so far is due now, not after the flush interval; returns
+        once it is on disk (True), or after the flush interval at most."""
+
+    @abstractmethod
     def flush(self, timeout: float = 10.0) -> bool:
         """Send what is buffered; True when nothing waits, in memory or in the spool
         (rows dropped are counted in stats, not waited for). Returns early, False,
@@ -145,7 +152,8 @@ class Sink(ABC):
 
 
 class BatchingSink(Sink):
-    """A Sink over one Backend, with a writer thread and an on-disk spool."""
+    """A Sink over one Backend: the spooler and sender threads around an on-disk
+    spool."""
 
     def __init__(
         self,
@@ -165,6 +173,8 @@ class BatchingSink(Sink):
         self.backend = backend
         self.batch_rows = min(max(1, int(batch_rows)), MAX_BATCH_ROWS)
         self.flush_interval = float(flush_interval)
+        # memory's bound while the spool's disk does not keep up: past it rows are dropped
+        # (counted), the runtime is never blocked on a disk
         self.max_pending_rows = max_pending_rows or max(10 * self.batch_rows, 200_000)
         self.run_id = int(run_id if run_id is not None else time.time_ns())
         self.host = host if host is not None else socket.gethostname()
@@ -172,41 +182,46 @@ class BatchingSink(Sink):
         self.spool = Spool(spool_dir, spool_max_bytes)
         self.sender = Sender(backend, self.spool, reporter or Reporter(), max_backoff, clock)
 
-        self._cv = threading.Condition()
+        self._cv = threading.Condition()  # guards what follows; both threads wait on it
         self._buf: dict[str, deque[Chunk]] = {t: deque() for t in TABLES}
         self._buf_rows = dict.fromkeys(TABLES, 0)
         self._since: dict[str, float | None] = dict.fromkeys(TABLES)
-        self._inflight = 0  # rows taken out of memory, not yet stored or spooled
-        self._flush_req = 0
-        self._stopping = False
-        self._cycle = 0
-        self._thread = threading.Thread(target=self._run, name="sentinel-storage", daemon=True)
-        self._thread.start()
+        self._inflight = 0  # rows taken out of memory, being written to the spool
+        self._commits = 0  # commit() and flush() calls: everything in memory is due
+        self._on_disk = 0  # the last of them whose rows the spooler has written
+        self._stopping = False  # close(): the spooler takes the rest and ends
+        self._stop_sending = False  # close(), after the spooler: the sender ends
+        self._spooler = threading.Thread(target=self._spool_loop, name="sentinel-spooler")
+        self._sender = threading.Thread(target=self._send_loop, name="sentinel-storage")
+        for thread in (self._spooler, self._sender):
+            thread.daemon = True
+            thread.start()
 
     def _queue(self, table: str, chunks: list[Chunk]) -> None:
+        rows = sum(len(lines) for _, lines in chunks)
         if self._stopping:
-            rows = sum(len(lines) for _, lines in chunks)
             self._drop(rows, f"{rows} rows of {table} written after close", "closed")
             return
-        overflow: list[Batch] = []
         with self._cv:
-            buf = self._buf[table]
-            for chunk in chunks:
-                if chunk[1]:
-                    buf.append(chunk)
-                    self._buf_rows[table] += len(chunk[1])
-            if self._since[table] is None and self._buf_rows[table]:
-                self._since[table] = self.clock()
-            if self._buf_rows[table] >= self.batch_rows:
-                self._cv.notify_all()
-            # the writer is behind (a slow store): what passes the bound goes to disk now
-            while self._pending() > self.max_pending_rows and self._buf_rows[table]:
-                overflow.append(self._take(table))
-                self._inflight += overflow[-1][0].rows
-        for info, payload in overflow:
-            self.sender.to_spool(info, payload)
-            with self._cv:
-                self._inflight -= info.rows
+            full = self._pending() + rows > self.max_pending_rows
+            if not full:
+                buf = self._buf[table]
+                for chunk in chunks:
+                    if chunk[1]:
+                        buf.append(chunk)
+                        self._buf_rows[table] += len(chunk[1])
+                if self._since[table] is None and self._buf_rows[table]:
+                    self._since[table] = self.clock()
+                    self._cv.notify_all()  # the spooler's next deadline is this one
+                elif self._buf_rows[table] >= self.batch_rows:
+                    self._cv.notify_all()
+        if full:
+            self._drop(
+                rows,
+                f"{self.max_pending_rows} rows wait for the spool {self.spool.dir}, whose "
+                "disk does not keep up: dropping rows",
+                "slow-disk",
+            )
 
     def _drop(self, rows: int, message: str, key: str) -> None:
         self.sender.drop(rows, message, key)
@@ -214,19 +229,33 @@ class BatchingSink(Sink):
     def _pending(self) -> int:
         return sum(self._buf_rows.values()) + self._inflight
 
+    def commit(self) -> bool:
+        """A window's rows: printed after this, so a killed agent loses at most the
+        window being built. A disk that hangs holds the caller a second at most."""
+        deadline = time.monotonic() + min(self.flush_interval, 1.0)
+        with self._cv:
+            self._commits += 1
+            mine = self._commits
+            self._cv.notify_all()
+            while self._on_disk < mine and self._spooler.is_alive():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+            return self._on_disk >= mine
+
     def flush(self, timeout: float = 10.0) -> bool:
         deadline = time.monotonic() + timeout
         with self._cv:
-            self._flush_req += 1
-            start = self._cycle
+            self._commits += 1
             self._cv.notify_all()
             while True:
-                # done: memory empty, and the spool sent or the store tried and down
-                down = not self.sender.connected and self._cycle > start
+                # done: memory spooled, and the spool stored or the store tried and down
+                down = not self.sender.connected and self.sender.attempts > 0
                 if self._pending() == 0 and (len(self.spool) == 0 or down):
                     break
                 left = deadline - time.monotonic()
-                if left <= 0 or not self._thread.is_alive():
+                if left <= 0 or not self._spooler.is_alive():
                     break
                 self._cv.wait(min(left, 0.5))
             return self._pending() == 0 and len(self.spool) == 0
@@ -238,16 +267,20 @@ class BatchingSink(Sink):
         with self._cv:
             self._stopping = True
             self._cv.notify_all()
-        self._thread.join(timeout)
-        # what the writer could not take (it is stuck in a call to the store): to disk
+        self._spooler.join(timeout)
         with self._cv:
-            left = []
-            for t in TABLES:
-                while self._buf[t]:
-                    left.append(self._take(t))
-        for batch in left:
-            self.sender.to_spool(*batch)
-        if not self._thread.is_alive():
+            self._stop_sending = True
+            self._cv.notify_all()
+            stuck = 0
+            if self._spooler.is_alive():  # the spool's disk hangs: these are lost
+                stuck = sum(self._buf_rows.values())
+                for t in TABLES:
+                    self._buf[t].clear()
+                    self._buf_rows[t] = 0
+        if stuck:
+            self._drop(stuck, f"{stuck} rows not written to the spool at exit", "closed")
+        self._sender.join(timeout)
+        if not self._spooler.is_alive() and not self._sender.is_alive():
             self.backend.close()
             self.spool.close()
 
@@ -279,8 +312,8 @@ class BatchingSink(Sink):
         return info, payload
 
     def _due(self, now: float, everything: bool) -> list[Batch]:
-        """Batches to send now (lock held): full ones, and the rest of a table whose
-        oldest row waited flush_interval (or all, on flush and close)."""
+        """Batches to spool now (lock held): full ones, and the rest of a table whose
+        oldest row waited flush_interval (or all, on commit, flush and close)."""
         out = []
         for t in TABLES:
             since = self._since[t]
@@ -291,39 +324,48 @@ class BatchingSink(Sink):
 
     def _next_deadline(self, now: float) -> float:
         waits = [s + self.flush_interval - now for s in self._since.values() if s is not None]
-        if len(self.spool) and not self._stopping:
-            waits.append(self.sender.next_try - now)
         return max(0.0, min(waits, default=1.0))
 
-    # -- the writer thread ----------------------------------------------------------
+    # -- the threads ----------------------------------------------------------------
 
-    def _run(self) -> None:
-        try:
-            self.sender.ensure_open()  # the schema is applied at start, not at the first batch
-        except Exception as exc:
-            self.sender.note_error(f"storage writer: {type(exc).__name__}: {exc}", "writer")
-        flushed = 0
+    def _spool_loop(self) -> None:
+        """Memory to disk: every batch as it becomes due, whatever the store does."""
         while True:
             with self._cv:
                 while True:
                     now = self.clock()
                     stopping = self._stopping
-                    everything = stopping or self._flush_req != flushed
+                    committed = self._commits
+                    everything = stopping or committed != self._on_disk
                     batches = self._due(now, everything)
-                    if batches or everything or self.sender.spool_due(now):
+                    if batches or everything:
                         break
                     self._cv.wait(self._next_deadline(now))
-                flushed = self._flush_req
                 self._inflight += sum(info.rows for info, _ in batches)
-            try:
-                self.sender.send(batches, time_budget=0.5 if stopping else 1.0)
-            except Exception as exc:  # a bug here must not end storage for the run
-                self.sender.note_error(f"storage writer: {type(exc).__name__}: {exc}", "writer")
-                for batch in batches:
-                    self.sender.to_spool(*batch)
+            for batch in batches:
+                self.sender.to_spool(*batch)  # a spool that cannot take it: counted dropped
             with self._cv:
                 self._inflight -= sum(info.rows for info, _ in batches)
-                self._cycle += 1
-                self._cv.notify_all()
+                self._on_disk = committed
+                self._cv.notify_all()  # the sender, and flush
                 if stopping:
+                    return
+
+    def _send_loop(self) -> None:
+        """Disk to the store: the spool, oldest first, while the store takes it."""
+        sender = self.sender
+        while True:
+            try:
+                if sender.attempts == 0:
+                    sender.ensure_open()  # the schema is applied at start, not at a batch
+                else:
+                    sender.drain(time_budget=0.5)
+            except Exception as exc:  # a bug here must not end storage for the run
+                sender.note_error(f"storage sender: {type(exc).__name__}: {exc}", "writer")
+            with self._cv:
+                self._cv.notify_all()  # flush
+                while not self._stop_sending and not sender.spool_due(self.clock()):
+                    wait = sender.next_try - self.clock() if len(self.spool) else 1.0
+                    self._cv.wait(min(max(wait, 0.01), 1.0))
+                if self._stop_sending:
                     return

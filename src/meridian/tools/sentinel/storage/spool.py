@@ -1,6 +1,7 @@
-"""The on-disk queue of batches the store could not take: a FIFO of files in one
-directory, at most `max_bytes` together. It outlives the agent, so the next run sends
-what the last one could not.
+"""The on-disk queue of batches not yet stored: a FIFO of files in one directory, at
+most `max_bytes` together. Every batch is written here before it is sent, and removed
+once the store has it; the spool outlives the agent, so the next run on it sends what
+the last one could not.
 
 One file per batch, `<seq>.batch`: a JSON header line (the BatchInfo and whether the
 batch may already be stored) and the JSONEachRow payload. A file is written under a
@@ -48,6 +49,7 @@ class Spool:
         self._next = 1
         self._lock_fd = self._take_lock()
         self._scan()
+        self.inherited_rows = self._rows  # what an earlier run left
 
     def _take_lock(self) -> int:
         try:
@@ -55,7 +57,7 @@ class Spool:
         except lockfile.LockHeld as held:
             raise EnvironmentProblem(
                 f"storage spool {self.dir} is in use by another agent (pid {held.pid}): "
-                "give this one its own clickhouse.spool_dir"
+                "give this one its own (--spool-dir DIR, or clickhouse.spool_dir)"
             ) from None
         except OSError as exc:
             raise EnvironmentProblem(
@@ -82,6 +84,8 @@ class Spool:
         for tmp in self.dir.glob("*.tmp"):  # a write the last run did not finish
             with contextlib.suppress(OSError):
                 tmp.unlink()
+        if self._entries:  # the last run may have died between storing it and its unlink
+            self._entries[0] = replace(self._entries[0], uncertain=True)
 
     def _path(self, seq: int) -> Path:
         return self.dir / f"{seq:016d}{SUFFIX}"

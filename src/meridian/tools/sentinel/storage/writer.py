@@ -57,6 +57,7 @@ class StoreWriter:
         self.sink.write_stacks(self.symbols.consume_stacks())
         self.sink.write_data_objects(self.symbols.consume_data_objects())
         self.sink.write_rollups(rows)
+        self.sink.commit()  # to disk now: a killed agent loses only the window being built
 
     def _write_names(self, rows: Any) -> None:
         flows = []
@@ -116,6 +117,12 @@ class StoreWriter:
                 "gauge",
                 "rows not stored yet (memory and spool)",
                 s.backlog_rows,
+            ),
+            one(
+                "ms_clickhouse_spooled_rows",
+                "gauge",
+                "rows on disk in the spool, not stored yet",
+                s.spooled_rows,
             ),
             one("ms_clickhouse_connected", "gauge", "1 while the store answers", int(s.connected)),
         ]
