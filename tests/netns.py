@@ -15,9 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["IPERF3", "NetnsPair", "netns_pair"]
+__all__ = ["IFINDEX_A", "IFINDEX_B", "IPERF3", "NetnsPair", "netns_pair"]
 
 IPERF3 = shutil.which("iperf3") or "/usr/bin/iperf3"
+IFINDEX_A, IFINDEX_B = 10, 20
 
 
 def _ip(*args: str) -> None:
@@ -130,9 +131,11 @@ def netns_pair(tag: str = "") -> Iterator[NetnsPair]:
     try:
         _ip("netns", "add", pair.a)
         _ip("netns", "add", pair.b)
+        # indexes of their own (each namespace would give both 2): a packet's interface
+        # tells which end it passed
         _ip(
-            "link", "add", pair.veth_a, "netns", pair.a,
-            "type", "veth", "peer", "name", pair.veth_b, "netns", pair.b,
+            "link", "add", pair.veth_a, "netns", pair.a, "index", str(IFINDEX_A),
+            "type", "veth", "peer", "name", pair.veth_b, "netns", pair.b, "index", str(IFINDEX_B),
         )  # fmt: skip
         for ns, dev, addr, addr6 in (
             (pair.a, pair.veth_a, pair.addr_a, pair.addr6_a),

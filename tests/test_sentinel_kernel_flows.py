@@ -10,12 +10,13 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 import numpy as np
 import pytest
 from children import patience
-from netns import netns_pair
+from netns import IFINDEX_A, IFINDEX_B, NetnsPair, netns_pair
 from sentinel_source import CLOCK, drain
 from strategies import every, run_or_skip
 
@@ -40,6 +41,31 @@ def flow_id(src: str, dst: str, sport: int, dport: int, proto: int = 6) -> int:
     return fnv1a64(s + d + struct.pack("!HHBB2x", sport, dport, proto, 2))
 
 
+MARK = (
+    "import os, socket, sys, time\n"
+    "cpu, dst, seconds = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])\n"
+    "os.sched_setaffinity(0, {cpu})\n"
+    "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+    "s.bind(('', 41000 + cpu))\n"
+    "sent = time.clock_gettime_ns(time.CLOCK_MONOTONIC)\n"
+    "s.sendto(b'x', (dst, 9))\n"
+    "end = time.monotonic() + seconds\n"
+    "while time.monotonic() < end: pass\n"
+    "print(sent)\n"
+)
+
+
+def last_packet_then_busy(pair: NetnsPair, seconds: float) -> dict[int, tuple[int, int]]:
+    """On each CPU in turn, one UDP packet from a to b, then `seconds` of a busy loop on
+    that CPU, sampled with no packet: cpu -> (the packet's flow id, when it was sent)."""
+    marks = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        out = pair.run(pair.a, sys.executable, "-c", MARK, str(cpu), pair.addr_b, f"{seconds}")
+        flow = flow_id(pair.addr_a, pair.addr_b, 41000 + cpu, 9, proto=17)
+        marks[cpu] = (flow, int(out.stdout))
+    return marks
+
+
 @pytest.mark.parametrize("strategy", every(STRATEGIES))
 def test_flow_attribution_over_veth(strategy: str) -> None:
     run_or_skip(STRATEGIES, strategy)
@@ -55,6 +81,10 @@ def test_flow_attribution_over_veth(strategy: str) -> None:
         reader.start()
         try:
             result = pair.iperf3(round(patience(3)), cport=cport)  # longer in a guest
+            pair.servers[5201].wait(patience(10))  # the server's close: the stream's end
+            time.sleep(0.05)  # its last ACK
+            ended_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # the samples' clock
+            marks = last_packet_then_busy(pair, patience(0.3))
         finally:
             stop.set()
             reader.join()
@@ -81,11 +111,12 @@ def test_flow_attribution_over_veth(strategy: str) -> None:
     k = flows[acks]
     assert (k.src, k.dst, k.sport, k.dport) == (pair.addr_b, pair.addr_a, 5201, cport)
 
-    with_flow = samples[samples["flow_id"] != 0]
+    during = samples[samples["time_ns"] <= ended_ns]
+    with_flow = during[during["flow_id"] != 0]
     on_stream = with_flow[np.isin(with_flow["flow_id"], [data, acks])]
     share = len(on_stream) / max(len(with_flow), 1)
     print(
-        f"samples {len(samples)}, with a flow {len(with_flow)}, on the stream {len(on_stream)} "
+        f"samples {len(during)}, with a flow {len(with_flow)}, on the stream {len(on_stream)} "
         f"({100 * share:.1f}%), data {np.sum(on_stream['flow_id'] == data)}, "
         f"acks {np.sum(on_stream['flow_id'] == acks)}"
     )
@@ -93,25 +124,48 @@ def test_flow_attribution_over_veth(strategy: str) -> None:
     # instruction and the stream is slow (tests/kernel_matrix.py).
     assert len(with_flow) >= 20
     assert share > 0.5  # most of the attributed samples land on the stream
-    assert np.any(on_stream["flow_id"] == data) and np.any(on_stream["flow_id"] == acks)
-    # both directions of the packet path: TX of the sender, RX of the receiver
-    assert set(np.unique(on_stream["direction"]).tolist()) == {0, 1}
-    assert np.all(on_stream["gso_segs"] >= 1)
+    # A packet's context lasts MS_FLOW_SKID_NS (200 us): a CPU busy after its last
+    # packet is sampled, and no sample past 200 us (and a margin for the RX of that
+    # packet, in a softirq on the same CPU) is charged to the packet or the stream.
+    margin = round(patience(0.001) * 1e9)
+    for cpu, (mark, sent) in marks.items():
+        later = samples[(samples["cpu"] == cpu) & (samples["time_ns"] > sent + margin)]
+        later = later[later["time_ns"] < sent + round(patience(0.3) * 1e9)]
+        assert len(later) >= 20, f"cpu {cpu}: {len(later)} samples after its last packet"
+        charged = later[np.isin(later["flow_id"], [mark, data, acks])]
+        assert len(charged) == 0, f"cpu {cpu}: {len(charged)} of {len(later)} stale"
+    # each sample of the stream names its direction's interface: data leaves a's veth
+    # (TX) and arrives on b's (RX), the ACKs the other way round
+    a, b = IFINDEX_A, IFINDEX_B
+    expected = {(data, 1): a, (data, 0): b, (acks, 1): b, (acks, 0): a}
+    seen = {
+        (int(f), int(d)) for f, d in zip(on_stream["flow_id"], on_stream["direction"], strict=True)
+    }
+    assert (data, 1) in seen and (data, 0) in seen  # both ends of the packet path
+    for (flow, direction), want in expected.items():
+        mine = on_stream[(on_stream["flow_id"] == flow) & (on_stream["direction"] == direction)]
+        assert np.all(mine["ifindex"] == want), ((flow, direction), set(mine["ifindex"]))
+    # TSO on veth: the sender's stack hands the device 64 KiB segments of many MSS each
+    sent = on_stream[(on_stream["flow_id"] == data) & (on_stream["direction"] == 1)]
+    assert np.max(sent["gso_segs"]) > 1 and np.all(on_stream["gso_segs"] >= 1)
     assert set(np.unique(samples["event"]).tolist()) == {int(Event.CPU_CLOCK)}
-    # the sample's context: its own flow source, interface and stacks
-    assert set(np.unique(on_stream["flow_source"]).tolist()) <= {0, 1}
-    assert np.all(on_stream["ifindex"] > 0)
     assert np.any(samples["kernel_stack_id"] >= 0)
 
 
 def test_xdp_on_a_veth_inside_a_namespace() -> None:
     # XDP is attached by interface name in the agent's namespace: run a KernelSource in
-    # namespace a (a child process) with --xdp on its veth, traffic from b.
+    # namespace a (a child process) with --xdp on its veth, traffic from b. The skb
+    # hooks are detached once it runs: XDP is then the only packet hook, and every
+    # flow named was seen by it.
     script = (
         "import json, sys, time\n"
-        "from meridian.tools.sentinel.sources.kernel import KernelSource\n"
+        "from meridian.tools.sentinel.sources.kernel import NET_PROGRAMS, KernelSource\n"
         "from meridian.tools.sentinel.sources.pmu_events import LOGICAL\n"
         "with KernelSource([LOGICAL['cpu-clock']], frequency=99, xdp=[sys.argv[1]]) as src:\n"
+        "    assert src.obj is not None\n"
+        "    skb = [lk for lk in src.obj.links if lk.program in NET_PROGRAMS]\n"
+        "    assert len(skb) == 2, [lk.program for lk in src.obj.links]\n"
+        "    src.obj.drop(skb)\n"
         "    print(json.dumps(src.hooks), flush=True)\n"
         "    sys.stdin.readline()\n"
         "    time.sleep(0.2)\n"
@@ -149,8 +203,12 @@ def test_xdp_on_a_veth_inside_a_namespace() -> None:
         child.stdin.flush()
         names = json.loads(child.stdout.readline())
         child.wait(10)
-        assert f"{pair.addr_b}:40999 -> {pair.addr_a}:9 udp" in names
-        assert f"[{pair.addr6_b}]:40998 -> [{pair.addr6_a}]:9 udp" in names
+        assert sorted(names) == sorted(
+            [
+                f"{pair.addr_b}:40999 -> {pair.addr_a}:9 udp",
+                f"[{pair.addr6_b}]:40998 -> [{pair.addr6_a}]:9 udp",
+            ]
+        )
         after = subprocess.run(
             ["ip", "-n", pair.a, "-j", "link", "show", pair.veth_a], capture_output=True, text=True
         )

@@ -229,6 +229,11 @@ class BpfObject:
         )
         return [self.programs[n].attach() for n in names]
 
+    @property
+    def links(self) -> list[Link]:
+        """The attachments made so far (and not dropped)."""
+        return list(self._links)
+
     def _keep(self, link: Link) -> Link:
         self._links.append(link)
         return link
