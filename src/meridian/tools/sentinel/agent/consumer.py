@@ -84,6 +84,9 @@ class Consumer:
     # event groups the source could not open (said once)
     _refused: set[str] = field(init=False, default_factory=set)
     _taken: threading.Event = field(init=False, default_factory=threading.Event)  # a batch taken
+    # catch_up calls asked, and the last of them an iteration of the loop began after
+    _asked: int = field(init=False, default=0)
+    _served: int = field(init=False, default=0)
     _polling: bool = field(init=False, default=False)
 
     def __post_init__(self, names: RuntimeNames) -> None:
@@ -112,18 +115,25 @@ class Consumer:
 
     def catch_up(self, timeout: float) -> None:
         """Have the thread take what the source holds now (it waits between small
-        batches), so that a window ends with the samples of its last moment."""
+        batches), and its drop counters, so that a window ends with the samples and
+        drops of its last moment: an iteration that began after this call."""
         if not self._polling:
             return
-        self._taken.clear()
+        self._asked += 1
+        mine, deadline = self._asked, time.monotonic() + timeout
         self.state.wakeup.set()
-        self._taken.wait(timeout)
+        while self._served < mine and self._polling:
+            self._taken.clear()
+            left = deadline - time.monotonic()
+            if self._served >= mine or left <= 0:
+                return
+            self._taken.wait(left)
 
     def _poll_loop(self) -> None:
         state, src = self.state, self.source
         next_cal = next_drop = 0
         while not state.stopping.is_set():
-            began = time.monotonic()
+            began, asked = time.monotonic(), self._asked
             self._apply_requests()
             turned = self.plan.tick(state.clock())
             if turned is not None:
@@ -135,9 +145,10 @@ class Consumer:
             if now >= next_cal:
                 self.calibrator.calibrate(self.cpus)
                 next_cal = now + int(CALIBRATE_S * 1e9)
-            if now >= next_drop:
+            if now >= next_drop or asked > self._served:
                 state.dropped = dict(src.dropped())
                 next_drop = now + int(DROPPED_S * 1e9)
+            self._served = asked
             self._taken.set()
             # A batch costs per batch (polls of the maps, numpy calls in each stage): after
             # a small one the source keeps what comes for a while (big ones come at once);
