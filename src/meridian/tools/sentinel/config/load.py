@@ -6,6 +6,10 @@ Sections: `perf` (budgets, events, rotation), `mode` (hysteresis, safety level),
 `anomaly` (interfaces, EWMA baselines, triggers), `aggregator`, `metrics`, `mock`,
 `targets`, `run` (duration and output), and `control_plane` / `clickhouse`.
 
+Where the seed names a key otherwise (`clickhouse.endpoint` for `clickhouse.url`,
+`perf.samples_per_sec` for `perf.sentinel_samples_per_sec`), a file may use either
+name, not both; `--print-config` says the seed's name in the key's description.
+
 Every mistake is a `UsageError` of one line naming the key (or the flag) and the
 value: malformed YAML, an unknown key (with the closest known one), a wrong type, a
 value out of its limits, an unknown event name. PyYAML is imported only to read a
@@ -25,7 +29,7 @@ from pydantic import ValidationError
 
 from ....errors import ExtraMissing, UsageError
 from .fields import parse_groups
-from .messages import problem, show_value
+from .messages import problem, seed_keys, show_value
 from .schema import SentinelConfig
 
 __all__ = [
@@ -59,6 +63,27 @@ def _sections(data: Mapping[Any, Any]) -> dict[str, Any]:
     return out
 
 
+def _seed_names(data: dict[str, Any]) -> dict[str, str]:
+    """Rename, in place, the keys given by the seed's name to ours; returns our key ->
+    the name given, so that a message names the key as the file wrote it."""
+    given: dict[str, str] = {}
+    for section, names in seed_keys(SentinelConfig).items():
+        body = data.get(section)
+        if not isinstance(body, dict):
+            continue
+        for seed, ours in names.items():
+            if seed not in body:
+                continue
+            if ours in body:
+                raise UsageError(
+                    f"{section}.{seed} is the seed's name of {section}.{ours}: "
+                    "give one of them, not both"
+                )
+            body[ours] = body.pop(seed)
+            given[f"{section}.{ours}"] = f"{section}.{seed}"
+    return given
+
+
 def parse_config(text: str, origin: str = "config") -> SentinelConfig:
     """A YAML document to a validated config; errors start with `origin`."""
     try:
@@ -77,7 +102,9 @@ def parse_config(text: str, origin: str = "config") -> SentinelConfig:
     if not isinstance(data, Mapping):
         raise UsageError(f"{origin}: expected a mapping of sections, got {show_value(data)}")
     try:
-        return _build(_sections(data))
+        sections = _sections(data)
+        given = _seed_names(sections)
+        return _build(sections, lambda key: given.get(key, key))
     except UsageError as exc:
         raise UsageError(f"{origin}: {exc}") from None
 

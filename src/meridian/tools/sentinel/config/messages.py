@@ -18,7 +18,7 @@ from pydantic_core import ErrorDetails
 
 from ....errors import UsageError
 
-__all__ = ["describe", "got", "problem", "show_value", "type_text"]
+__all__ = ["describe", "got", "problem", "seed_keys", "show_value", "type_text"]
 
 # pydantic's error type -> what was expected instead
 _EXPECTED = {
@@ -81,14 +81,31 @@ def type_text(tp: Any) -> str:
     return str(tp)
 
 
-def _keys(root: type[BaseModel]) -> dict[str, list[str]]:
-    """section -> its keys."""
-    out = {}
-    for name, f in root.model_fields.items():
-        section = f.annotation
-        assert isinstance(section, type) and issubclass(section, BaseModel)
-        out[name] = list(section.model_fields)
+def _section(root: type[BaseModel], name: str) -> type[BaseModel]:
+    section = root.model_fields[name].annotation
+    assert isinstance(section, type) and issubclass(section, BaseModel)
+    return section
+
+
+def seed_keys(root: type[BaseModel]) -> dict[str, dict[str, str]]:
+    """section -> {the seed's name of a key: our name}, for the keys the seed names
+    otherwise (schema.py's `_key(..., seed=)`)."""
+    out: dict[str, dict[str, str]] = {}
+    for name in root.model_fields:
+        for key, f in _section(root, name).model_fields.items():
+            extra = f.json_schema_extra
+            if isinstance(extra, dict) and isinstance(extra.get("seed"), str):
+                out.setdefault(name, {})[str(extra["seed"])] = key
     return out
+
+
+def _keys(root: type[BaseModel]) -> dict[str, list[str]]:
+    """section -> its keys, the seed's names of keys too."""
+    seed = seed_keys(root)
+    return {
+        name: [*_section(root, name).model_fields, *seed.get(name, {})]
+        for name in root.model_fields
+    }
 
 
 def _unknown(loc: Sequence[str], root: type[BaseModel]) -> str:
@@ -138,8 +155,7 @@ def problem(
     key = ".".join(loc[:2])
     text = describe(err)
     if err["type"] in _EXPECTED and len(loc) >= 2:
-        section = root.model_fields[loc[0]].annotation
-        assert isinstance(section, type) and issubclass(section, BaseModel)
+        section = _section(root, loc[0])
         text = f"expected {type_text(section.model_fields[loc[1]].annotation)}"
         value = data.get(loc[0], {}).get(loc[1], value)
     return UsageError(f"{label(key)}: {text}, got {show_value(value)}")

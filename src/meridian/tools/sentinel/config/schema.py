@@ -4,10 +4,11 @@ YAML, laid over by flags, changed by the control plane through the same value ty
 (fields.py), so that the three never disagree.
 
 Types are strict (a YAML value must have its key's type; a flag's text is converted),
-unknown keys are refused, and a value assigned later (`cfg.perf.hard_drop_ns = 5`)
-is checked as one read from a file. Budgets are samples per second per CPU, as the
-kernel's per-CPU token bucket; durations are seconds, or a string with a unit
-(`250ms`, `2s`, `1m`); keys ending in `_ns` are integer nanoseconds.
+unknown keys are refused (a key the seed names otherwise is taken by either name:
+load.py), and a value assigned later (`cfg.perf.hard_drop_ns = 5`) is checked as one
+read from a file. Budgets are samples per second per CPU, as the kernel's per-CPU
+token bucket; durations are seconds, or a string with a unit (`250ms`, `2s`, `1m`);
+keys ending in `_ns` are integer nanoseconds.
 """
 
 from __future__ import annotations
@@ -59,9 +60,12 @@ Host = Annotated[str, Field(pattern=r"\S"), rule("must be a host address")]
 FilePath = Annotated[str, Field(min_length=1), rule("must be a path or null")]
 
 
-def _key(default: Any, doc: str) -> Any:
-    """A key's default and its one-line description."""
-    return Field(default, description=doc)
+def _key(default: Any, doc: str, seed: str | None = None) -> Any:
+    """A key's default and its one-line description; `seed`: the seed's name for the
+    key, which a file may use instead (load.py), said in the description."""
+    if seed is None:
+        return Field(default, description=doc)
+    return Field(default, description=f"{doc} (seed: {seed})", json_schema_extra={"seed": seed})
 
 
 def _list(doc: str, *default: Any) -> Any:
@@ -110,7 +114,9 @@ def _above(section: BaseModel, name: str, high: str, low: str) -> None:
 class PerfConfig(Settings):
     """What the kernel samples and how much of it."""
 
-    sentinel_samples_per_sec: Budget = _key(1000, "token bucket budget in sentinel mode, per CPU")
+    sentinel_samples_per_sec: Budget = _key(
+        1000, "token bucket budget in sentinel mode, per CPU", seed="samples_per_sec"
+    )
     diagnostic_samples_per_sec: Budget = _key(
         10000, "token bucket budget in diagnostic mode, per CPU"
     )
@@ -220,7 +226,9 @@ class ClickHouseConfig(Settings):
 
     enabled: bool = _key(False, "store rollups and samples in ClickHouse")
     data_dir: str | None = _key(None, "embedded store (chDB) directory")
-    url: str | None = _key(None, "remote ClickHouse HTTP endpoint, instead of data_dir")
+    url: str | None = _key(
+        None, "remote ClickHouse HTTP endpoint, instead of data_dir", seed="endpoint"
+    )
     user: str = _key("default", "ClickHouse user")
     password_file: str | None = _key(None, "file holding the ClickHouse password")
     database: str = _key("default", "ClickHouse database")

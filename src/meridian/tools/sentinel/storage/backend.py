@@ -8,17 +8,19 @@ setting sent with a query."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ....errors import EnvironmentProblem
-from .schema import TIMED, schema_problem
+from .schema import TIMED, schema_problem, seed_names_missing
 
 __all__ = [
     "UNKNOWN_DATABASE",
     "Backend",
     "BatchInfo",
     "StoreUnavailable",
+    "add_seed_names",
     "error_code",
     "found_tables_problem",
     "no_tables",
@@ -27,6 +29,8 @@ __all__ = [
 ]
 
 UNKNOWN_DATABASE = 81  # ClickHouse's code for a database that does not exist
+# a column added meanwhile (another agent starting): 44 in ClickHouse 18.16, 15 later
+DUPLICATE_COLUMN = frozenset((15, 44))
 
 
 class StoreUnavailable(EnvironmentProblem):
@@ -88,6 +92,37 @@ def found_tables_problem(
     return schema_problem(found)
 
 
+def add_seed_names(run: Callable[[str], object], found: list[dict[str, Any]]) -> str:
+    """Add the seed's column names (ALIAS columns) the tables lack (`found`: rows of
+    columns_sql) by running each ALTER with `run`; "" when done, else what could not be
+    added and why, one line (a user that may not ALTER: the store works all the same,
+    by our names). A store that stops answering meanwhile raises."""
+    failed: dict[str, list[str]] = {}
+    why = ""
+    for table, column, sql in seed_names_missing(found):
+        try:
+            run(sql)
+        except StoreUnavailable as exc:
+            if exc.kind == "unreachable":
+                raise
+            if exc.code in DUPLICATE_COLUMN:
+                continue
+            failed.setdefault(table, []).append(column)
+            why = why or str(exc)
+        except Exception as exc:  # chDB raises its own kinds
+            if error_code(str(exc)) in DUPLICATE_COLUMN:
+                continue
+            failed.setdefault(table, []).append(column)
+            why = why or one_line(str(exc))
+    if not failed:
+        return ""
+    lacking = "; ".join(f"{t}: {', '.join(cs)}" for t, cs in failed.items())
+    return (
+        f"could not add the seed's column names ({lacking}): {why}; the store is used by "
+        "meridian's names, and a writer that may ALTER adds them at its start"
+    )
+
+
 @dataclass(frozen=True)
 class BatchInfo:
     """One insert: the table, its id (in every row), its rows, and where to look for
@@ -105,7 +140,9 @@ class Backend(Protocol):
 
     def open(self) -> None:
         """Connect and apply the schema (idempotently), or, opened read-only, only
-        check it (no_tables when there is none); raises StoreUnavailable."""
+        check it (no_tables when there is none); raises StoreUnavailable. What the
+        writer could not do but the store works without (add_seed_names' message) is
+        left in the backend's `notice` ("" when none; the sender says it)."""
         ...
 
     def insert(self, info: BatchInfo, payload: bytes) -> None:

@@ -25,6 +25,7 @@ from .backend import (
     UNKNOWN_DATABASE,
     BatchInfo,
     StoreUnavailable,
+    add_seed_names,
     error_code,
     found_tables_problem,
     no_tables,
@@ -67,6 +68,7 @@ class ChdbBackend:
         self.database = database
         self.read_only = read_only
         self.name = f"chdb:{self.path}"
+        self.notice = ""  # what open() could not do but the store works without
         self._session: Any = None
         self._lock_fd: int | None = None
         self._mu = threading.Lock()
@@ -123,6 +125,8 @@ class ChdbBackend:
                 for sql in statements():
                     self._run(sql)
             found = self._rows(columns_sql())
+            if not self.read_only:
+                self.notice = add_seed_names(self._run, found)
         except Exception as exc:
             if self.read_only and error_code(str(exc)) == UNKNOWN_DATABASE:
                 raise no_tables(self.database, self.name) from None

@@ -35,6 +35,7 @@ from .backend import (
     UNKNOWN_DATABASE,
     BatchInfo,
     StoreUnavailable,
+    add_seed_names,
     error_code,
     found_tables_problem,
     one_line,
@@ -76,6 +77,7 @@ class HttpBackend:
         self.timeout = timeout
         self.read_only = read_only
         self.server_version = ""
+        self.notice = ""  # what open() could not do but the store works without
         self._password: str | None = None
 
     # -- one request ----------------------------------------------------------------
@@ -162,6 +164,8 @@ class HttpBackend:
         problem = found_tables_problem(found, self.database, self.name, self.read_only)
         if problem:
             raise StoreUnavailable(f"ClickHouse at {self.name}: {problem}", kind="schema")
+        if not self.read_only:
+            self.notice = add_seed_names(lambda sql: self._post(sql.encode()), found)
 
     def insert(self, info: BatchInfo, payload: bytes) -> None:
         params = {

@@ -1,5 +1,6 @@
 """The tables, read from schema.sql (the one definition both stores apply), split
-into statements a store runs one at a time."""
+into statements a store runs one at a time: the CREATEs, then the seed's column names
+(ALIAS columns) that a table lacks."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ __all__ = [
     "columns",
     "columns_sql",
     "schema_problem",
+    "seed_names",
+    "seed_names_missing",
     "statements",
 ]
 
@@ -36,15 +39,41 @@ TIMED = frozenset((ROLLUP, RAW))
 _COMMENT = re.compile(r"--[^\n]*")
 _TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)")
 _COLUMN = re.compile(r"(?:^|,)\s+(\w+) [A-Z]", re.MULTILINE)  # a line may hold several
+_ALIAS = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+) ")
 
 
 @cache
-def statements() -> tuple[str, ...]:
-    """The CREATE statements of schema.sql, comments removed, without the `;`."""
+def _all() -> tuple[str, ...]:
+    """Every statement of schema.sql, comments removed, without the `;`."""
     here = resources.files(__name__.rpartition(".")[0])
     text = here.joinpath("schema.sql").read_text(encoding="utf-8")
     text = _COMMENT.sub("", text)
     return tuple(s.strip() for s in text.split(";") if s.strip())
+
+
+def statements() -> tuple[str, ...]:
+    """The CREATE statements of schema.sql (the seed's names are `seed_names`)."""
+    return tuple(s for s in _all() if _TABLE.match(s))
+
+
+@cache
+def seed_names() -> tuple[tuple[str, str, str], ...]:
+    """(table, column, ALTER TABLE ... ADD COLUMN) of each of the seed's names that is
+    an ALIAS of one of ours."""
+    out = []
+    for sql in _all():
+        m = _ALIAS.match(sql)
+        if m:
+            out.append((m.group(1), m.group(2), sql))
+    return tuple(out)
+
+
+def seed_names_missing(found: list[dict[str, object]]) -> list[tuple[str, str, str]]:
+    """The seed_names() whose table exists (rows of columns_sql) without the column."""
+    have: dict[str, set[str]] = {}
+    for row in found:
+        have.setdefault(str(row["table"]), set()).add(str(row["name"]))
+    return [n for n in seed_names() if n[0] in have and n[1] not in have[n[0]]]
 
 
 @cache
@@ -71,7 +100,8 @@ def columns_sql() -> str:
 def schema_problem(found: list[dict[str, object]]) -> str:
     """What is wrong with the tables the store has (rows of columns_sql), or "": a
     table that is missing, or that lacks columns (made by another version: CREATE IF
-    NOT EXISTS leaves it as it is)."""
+    NOT EXISTS leaves it as it is). The seed's names are not needed: a store without
+    them is used by ours."""
     have: dict[str, set[str]] = {}
     for row in found:
         have.setdefault(str(row["table"]), set()).add(str(row["name"]))

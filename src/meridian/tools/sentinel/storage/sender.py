@@ -145,6 +145,9 @@ class Sender:
             self.attempts += 1
         self.connected = True
         self._backoff.reset()
+        notice = getattr(self.backend, "notice", "")  # a fake store in tests has none
+        if notice:
+            self.reporter.say("seed-names", notice)
         if self._was_down:
             self._was_down = False
             self.reporter.say(
