@@ -143,5 +143,6 @@ def symbolizer(fake: FakeProc, clock: Clock, tmp_path: Path, **bounds: int) -> S
         max_functions=bounds.get("max_functions", 1 << 20),
         max_stacks=bounds.get("max_stacks", 1 << 20),
         max_data_objects=bounds.get("max_data_objects", 1 << 16),
+        max_provisional=bounds.get("max_provisional", 1 << 14),
         grace_s=bounds.get("grace_s", 10),
     )

@@ -13,7 +13,7 @@ import pytest
 from meridian.tools.sentinel.model.interference import InterferenceClass, classify
 from meridian.tools.sentinel.model.records import Event
 from meridian.tools.sentinel.model.rollup import ROLLUP_DTYPE, UNRESOLVED, Rollup
-from meridian.tools.sentinel.pipeline.aggregator import Aggregator
+from meridian.tools.sentinel.pipeline.aggregator import SKIPPED_STACK, Aggregator
 from meridian.tools.sentinel.sources.mock import make_samples
 
 SEC = 1_000_000_000
@@ -206,7 +206,8 @@ def test_a_stack_is_asked_once_whatever_the_ip() -> None:
 def test_new_stacks_per_window_are_bounded_and_the_rest_labelled() -> None:
     """A stack per sample (code without frame pointers): only `stacks_per_window` new
     stacks are asked of the resolver in a window, the hottest first; the others are
-    keyed UNRESOLVED. Samples and norm_cost stay exact whatever is resolved."""
+    keyed SKIPPED_STACK (not UNRESOLVED: no read is waited for). Samples and norm_cost
+    stay exact whatever is resolved."""
     r = CountingResolver()
     agg = Aggregator(SEC, r, stacks_per_window=10)
     hot = make_samples(50, flow_id=1, pid=100, ip=0x1000, user_stack_id=7, gso_segs=2)
@@ -220,7 +221,8 @@ def test_new_stacks_per_window_are_bounded_and_the_rest_labelled() -> None:
     rows = agg.flush()
     assert sum(x.samples for x in rows) == 570
     assert sum(x.norm_cost for x in rows) == pytest.approx(550 * 2.0 / 2 + 20)
-    unresolved = [x for x in rows if x.callstack_id == UNRESOLVED]
+    unresolved = [x for x in rows if x.callstack_id == SKIPPED_STACK]
+    assert not [x for x in rows if x.callstack_id == UNRESOLVED]
     # the budget spent on the hot stack and 9 cold ones; in the second batch only
     # stack 7 is known (this window's answer), the 19 others are over the budget
     assert sum(x.samples for x in unresolved) == (500 - 9) + 19
@@ -235,4 +237,4 @@ def test_no_stack_bound() -> None:
     agg = Aggregator(SEC, r, stacks_per_window=None)
     agg.add(make_samples(300, pid=1, ip=0x1000, user_stack_id=np.arange(300)))
     assert len([k for k in r.calls if k[0] == "stack"]) == 300
-    assert all(x.callstack_id != UNRESOLVED for x in agg.flush())
+    assert all(x.callstack_id not in (UNRESOLVED, SKIPPED_STACK) for x in agg.flush())

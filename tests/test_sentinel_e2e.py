@@ -453,7 +453,7 @@ def still_loaded(held: Held, timeout: float = 10) -> tuple[set[int], set[int]]:
 
 def summary_samples(out: str) -> int:
     """The sample count of the exit summary's first line."""
-    m = re.search(r"^meridian sentinel: (\d+) samples in ", out, re.MULTILINE)
+    m = re.search(r"^meridian sentinel: (\d+) samples? in ", out, re.MULTILINE)
     assert m, f"no summary line in:\n{out}"
     return int(m[1])
 

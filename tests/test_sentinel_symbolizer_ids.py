@@ -10,6 +10,7 @@ from typing import Any
 
 from symbolizer_fakes import PID, Binary, Clock, FakeProc, maps_lines, symbolizer
 
+from meridian.tools.sentinel.model.rollup import PROVISIONAL_BASE, is_provisional
 from meridian.tools.sentinel.symbols.symbolizer import DataObject
 
 
@@ -75,9 +76,12 @@ def test_cheap_mode_leaves_slow_reads_to_warm(
     binaries: dict[str, Binary], fake: FakeProc, clock: Clock, tmp_path: Path
 ) -> None:
     """Cheap answers come only from what is loaded: the first address of a binary
-    (its symbols not read yet) is `unresolved` and noted; warm() reads it, and the
-    same addresses then answer as the full mode does, with file and line. `missed`
-    (what the symbols thread sleeps on) is set while an address waits, clear after."""
+    (its symbols not read yet) gets a provisional id (the same when asked again) and
+    is noted; warm() reads it and resolves the provisional id to the function's id
+    (its name and storage key from then on), and the same addresses then answer as
+    the full mode does, with file and line. A stack likewise, and storage gets a
+    stack row for its provisional id. `missed` (what the symbols thread sleeps on)
+    is set while an address waits, clear after."""
     b = binaries["pie"]
     base = 0x5500_0000_0000
     fake.add(PID, maps_lines(b, base))
@@ -85,16 +89,46 @@ def test_cheap_mode_leaves_slow_reads_to_warm(
     alpha, beta = base + b.symbols["alpha"] + 1, base + b.symbols["beta"] + 1
     U = 2**64 - 1
     assert not s.missed.is_set()
-    assert s.function_ids([PID, PID], [alpha, beta], cheap=True, unresolved=U) == [U, U]
+    first = s.function_ids([PID, PID], [alpha, beta], cheap=True, unresolved=U)
+    assert all(is_provisional(i) for i in first) and first[0] != first[1]
+    assert s.function_ids([PID], [alpha], cheap=True, unresolved=U) == first[:1]
     assert s.missed.is_set()
-    assert s.stack_id(PID, [alpha, beta], cheap=True, unresolved=U) == U
-    assert s.cache_sizes()["binaries"] == 0 and s.cheap_misses == 4
+    assert s.function_key(first[0]) is None and s.canonical_function(first[0]) is None
+    pst = s.stack_id(PID, [alpha, beta], cheap=True, unresolved=U)
+    assert is_provisional(pst) and s.stack(pst) == () and s.canonical_stack(pst) is None
+    assert s.cache_sizes()["binaries"] == 0 and s.cheap_misses == 5
     assert s.warm(10.0) == 0 and not s.missed.is_set()
-    got = s.function_ids([PID, PID], [alpha, beta], cheap=True, unresolved=U)
-    assert got == [s.function_id(PID, alpha), s.function_id(PID, beta)] and U not in got
+    fa, fb = s.function_id(PID, alpha), s.function_id(PID, beta)
+    assert [s.canonical_function(i) for i in first] == [fa, fb]
+    assert s.function_key(first[0]) == (str(b.path), "alpha")
+    assert s.function_name(first[1]) == "beta"
+    assert s.function_ids([PID, PID], [alpha, beta], cheap=True, unresolved=U) == [fa, fb]
     st = s.stack_id(PID, [alpha, beta], cheap=True, unresolved=U)
-    assert st != U and [f.function for f in s.stack(st)] == ["alpha", "beta"]
+    assert not is_provisional(st) and s.canonical_stack(pst) == st
+    assert [f.function for f in s.stack(st)] == ["alpha", "beta"] and s.stack(pst) == s.stack(st)
     assert s.stack(st)[0].line > 0
+    written = dict(s.consume_stacks())
+    assert written[pst] == written[st] == s.stack(st)
+
+
+def test_provisional_ids_are_bounded(
+    binaries: dict[str, Binary], fake: FakeProc, clock: Clock, tmp_path: Path
+) -> None:
+    """Past `max_provisional` ids waiting at once, a cheap answer is `unresolved` (as
+    before provisional ids); once they are resolved, new ones are given again."""
+    b = binaries["pie"]
+    base = 0x5500_0000_0000
+    fake.add(PID, maps_lines(b, base))
+    s = symbolizer(fake, clock, tmp_path, max_provisional=2)
+    ips = [base + b.symbols[n] + 1 for n in ("alpha", "beta", "main")]
+    U = 2**64 - 1
+    got = s.function_ids([PID] * 3, ips, cheap=True, unresolved=U)
+    assert is_provisional(got[0]) and is_provisional(got[1]) and got[2] == U
+    assert s.warm(10.0) == 0
+    assert s.function_name(got[1]) == "beta"
+    fake.add(PID + 1, maps_lines(binaries["nopie"], 0))
+    other = binaries["nopie"].symbols["alpha"] + 1
+    assert is_provisional(s.function_ids([PID + 1], [other], cheap=True, unresolved=U)[0])
 
 
 def test_non_addresses_need_no_reads(
@@ -116,12 +150,14 @@ def test_non_addresses_need_no_reads(
     assert [f.function for f in s.stack(st)] == ["alpha", "[unknown]"]
     assert s.function_ids([PID], [garbage], cheap=True, unresolved=U) != [U]
     # an unmapped address that could be a user one still waits for the reads
-    assert s.stack_id(PID, [alpha, 0x7F00_0000_0000], cheap=True, unresolved=U) == U
+    assert is_provisional(s.stack_id(PID, [alpha, 0x7F00_0000_0000], cheap=True, unresolved=U))
 
 
 def test_resolver_labels_what_it_did_not_resolve() -> None:
     """The runtime's resolver: a stack whose frames are gone from the source is
-    GONE_STACK, an address over the cheap mode UNRESOLVED; both named by a label."""
+    GONE_STACK, an address over the cheap mode UNRESOLVED; both named by a label, as
+    is a provisional id still waiting for its read (ranked as UNRESOLVED)."""
+    WAITING = PROVISIONAL_BASE + 7
     from meridian.tools.sentinel.model.flows import FlowNames
     from meridian.tools.sentinel.model.rollup import UNRESOLVED
     from meridian.tools.sentinel.pipeline.resolver import GONE_STACK, RuntimeNames, SymbolResolver
@@ -147,6 +183,12 @@ def test_resolver_labels_what_it_did_not_resolve() -> None:
         def stack(self, stack_id: int) -> tuple[Any, ...]:
             return ("frame",)
 
+        def canonical_function(self, function_id: int) -> int | None:
+            return None if function_id == WAITING else function_id
+
+        def canonical_stack(self, stack_id: int) -> int | None:
+            return None if stack_id == WAITING else stack_id
+
     sym = Cheap()
     r = SymbolResolver(sym, lambda sid: (0x1000,) if sid == 1 else ())  # type: ignore[arg-type]
     assert r.function_ids([1], [0x1000]) == [UNRESOLVED]
@@ -157,3 +199,7 @@ def test_resolver_labels_what_it_did_not_resolve() -> None:
     assert names.stack(UNRESOLVED)[0].startswith("[unresolved")
     assert names.stack(GONE_STACK)[0].startswith("[stack gone")
     assert names.stack(3) == ["frame"]
+    assert names.function(WAITING).startswith("[unresolved")
+    assert names.stack(WAITING)[0].startswith("[unresolved")
+    assert names.canonical_function(WAITING) == names.canonical_stack(WAITING) == UNRESOLVED
+    assert names.canonical_function(3) == 3 and names.canonical_stack(GONE_STACK) == GONE_STACK

@@ -16,7 +16,7 @@ from ..model.window import Totals, Window, WindowInfo, flow_stats
 from ..outputs.metrics import MetricsSnapshot, SentinelMetrics, flow_rows
 from ..pipeline.aggregator import Aggregator
 from ..pipeline.clock import ClockCalibrator
-from ..pipeline.resolver import GONE_STACK, RuntimeNames
+from ..pipeline.resolver import GONE_STACK, SKIPPED_STACK, RuntimeNames
 from .plan import Plan
 from .state import Array, RuntimeState
 
@@ -119,6 +119,7 @@ class Flusher:
             ("function_unresolved", "function_id", UNRESOLVED),
             ("stack_unresolved", "callstack_id", UNRESOLVED_STACK),
             ("stack_gone", "callstack_id", GONE_STACK),
+            ("stack_skipped", "callstack_id", SKIPPED_STACK),
         ):
             hit = rows[col] == np.uint64(ident)
             if hit.any():

@@ -12,16 +12,21 @@ Threads, each with one job:
   rotator's group and the budget, fills the metrics snapshot, and hands a `Window` to
   every observer (the live table, --json, the sinks and detectors).
 - `sentinel-symbols` (with the Symbolizer): the slow reads the consumer skips (a
-  binary's symbols and line table, kallsyms), at most a quarter of a core on
-  average, so that the consumer keeps up with the ring (see resolver.py).
+  binary's symbols and line table, a perf map), at most a quarter of a core on
+  average, so that the consumer keeps up with the ring; then it resolves the
+  provisional ids the consumer keyed those addresses by (see resolver.py and
+  symbols/provisional.py). kallsyms is read before the source opens (about 50 ms):
+  kernel frames never wait, and the idle functions are known from the first sample.
 
 Around the runtime, started and stopped by services.py: /metrics, the control plane
 (calling `control`, control.py) and the anomaly monitor.
 
 `stop()` (Ctrl-C, SIGTERM, --duration) stops and joins the threads in that order: the
 consumer drains the source and the skew queue, the source is closed (everything
-detached), then the last window is flushed to every observer and the metrics, and
-the observers are closed.
+detached); the reads the symbols thread had not done yet are done then, at full speed
+(for at most SETTLE_S), so that the last window, storage and the summary name every
+address whose symbols exist; then the last window is flushed to every observer and
+the metrics, and the observers are closed.
 
 Sinks and detectors plug in as `Observer`s (`on_samples`, `on_window`, `close`).
 """
@@ -60,6 +65,8 @@ JOIN_S = 5.0  # stop() waits this long for each thread
 SYMBOLS_SHARE = 0.25  # of one core, at most, on average: the symbols thread's slow reads
 SYMBOLS_S = 0.1  # its period while addresses wait for a slow read
 SWEEP_S = 1.0  # its longest sleep, and how often it looks for exited processes
+SETTLE_S = 10.0  # at stop, the symbols' pending reads get this long at most
+SETTLE_STEP_S = 0.5
 
 
 class Runtime:
@@ -115,6 +122,9 @@ class Runtime:
         """Open the source and start the threads; on an error the source is closed again."""
         state = self.state
         state.started = True
+        load_kernel = getattr(self.symbolizer, "load_kernel", None)
+        if load_kernel is not None:  # before sampling starts
+            load_kernel()
         try:
             src = self._source_or_factory
             self.source = cast("SampleSource", src) if hasattr(src, "poll") else _make(src)
@@ -220,6 +230,7 @@ class Runtime:
         finally:
             self._close_source()
         self.stopped_ns = state.clock()
+        self._finish_symbols()
         try:
             if self._flusher is not None:
                 self._flusher.flush(self.stopped_ns, final=True)
@@ -262,6 +273,25 @@ class Runtime:
             sym.warm(SYMBOLS_S * SYMBOLS_SHARE)
             spent = time.perf_counter() - began
             stopping.wait(max(SYMBOLS_S * (1 - SYMBOLS_SHARE), spent * (1 / SYMBOLS_SHARE - 1)))
+
+    def _finish_symbols(self) -> None:
+        """At stop: the reads the symbols thread had not done yet, and the provisional
+        ids they held back, at full speed (the source is closed), until none waits,
+        nothing moves for three rounds, or SETTLE_S have passed."""
+        warm = getattr(self.symbolizer, "warm", None)
+        if warm is None or "sentinel-symbols" in self._abandoned:
+            return
+        deadline = time.monotonic() + SETTLE_S
+        last, still, waiting = -1, 0, 0
+        while (left := deadline - time.monotonic()) > 0:
+            waiting = warm(min(left, SETTLE_STEP_S))
+            if not waiting:
+                return
+            still = still + 1 if waiting >= last >= 0 else 0
+            if still >= 3:
+                break
+            last = waiting
+        self.state.log(f"symbols: {waiting} reads or names not done at stop: labelled unresolved")
 
     # ---- for the command line ----------------------------------------------------------
 

@@ -139,7 +139,12 @@ class RuntimeState:
         self.dropped: dict[str, int] = {}
         # the flush's: samples kept under a label instead of a symbol or frames
         # (cumulative), and the last window
-        self.labelled = {"function_unresolved": 0, "stack_unresolved": 0, "stack_gone": 0}
+        self.labelled = {
+            "function_unresolved": 0,
+            "stack_unresolved": 0,
+            "stack_gone": 0,
+            "stack_skipped": 0,
+        }
         self.last_info: WindowInfo | None = None
         self.anomaly = AnomalyGauges()  # the anomaly monitor's latest readings
 

@@ -29,6 +29,7 @@ __all__ = [
     "DIRECTION_NAMES",
     "EVENT_NAMES",
     "FLOW_SKID_NS",
+    "IDLE",
     "OBJECT",
     "RX",
     "TX",
@@ -50,7 +51,11 @@ __all__ = [
 OBJECT = "sentinel"  # bpfobj/sentinel.bpf.o
 FLOW_SKID_NS = 200_000  # MS_FLOW_SKID_NS: a sample may land this long after its packet
 RX, TX = 0, 1  # enum ms_direction
-DIRECTION_NAMES = ("rx", "tx")
+# Not the kernel's: the aggregator's direction for a sample whose instruction was the
+# kernel's idle code (symbols/kallsyms.py), charged to no flow (flow 0). Flow 0 has no
+# direction otherwise (the kernel writes 0): this value is what tells idle apart.
+IDLE = 2
+DIRECTION_NAMES = ("rx", "tx", "idle")
 
 # A packet context: the kernel's `struct ms_flow_ctx` plus its cpu (pipeline.skew).
 CONTEXT_DTYPE = np.dtype(

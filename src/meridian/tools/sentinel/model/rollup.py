@@ -8,13 +8,32 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["KEY_DTYPE", "ROLLUP_DTYPE", "UNRESOLVED", "Rollup", "rollups"]
+__all__ = [
+    "KEY_DTYPE",
+    "PROVISIONAL_BASE",
+    "PROVISIONAL_END",
+    "ROLLUP_DTYPE",
+    "UNRESOLVED",
+    "Rollup",
+    "is_provisional",
+    "rollups",
+]
 
 Array = np.ndarray[Any, Any]
 
-# A function or call stack not symbolized (over the window's budget of new stacks, or
-# left to the symbols thread): its samples and cost are exact, its name a label.
+# A function or call stack not symbolized (its read still pending when it was keyed,
+# past the bound of provisional ids): its samples and cost are exact, its name a label.
 UNRESOLVED = (1 << 64) - 1
+# Provisional function and stack ids (the symbolizer's, symbols/provisional.py) count
+# up from here: an address or stack whose symbols wait for a slow read, named once
+# read. Interned ids count up from 1; labels such as UNRESOLVED sit at the top.
+PROVISIONAL_BASE = 1 << 62
+PROVISIONAL_END = 1 << 63
+
+
+def is_provisional(ident: int) -> bool:
+    return PROVISIONAL_BASE <= ident < PROVISIONAL_END
+
 
 # The key of a rollup, as stored between add() and flush().
 KEY_DTYPE = np.dtype(

@@ -4,22 +4,25 @@ the outputs, the agent and the query side, so none of them imports another."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .flows import FlowKey
-from .records import DIRECTION_NAMES, EVENT_NAMES
+from .records import DIRECTION_NAMES, EVENT_NAMES, IDLE
 
 if TYPE_CHECKING:
     from .rollup import Rollup
 
 NO_FLOW = "(no flow)"
+IDLE_LABEL = "(idle)"
 
 
 class Names(Protocol):
     """Ids to what a person reads (the runtime implements it over FlowNames and the
-    symbolizer)."""
+    symbolizer). It may also have `canonical_function(id) -> int` and
+    `canonical_stack(id) -> int`: the id an id is ranked under (a provisional id's
+    function once resolved), which the outputs merge by."""
 
     def flow(self, flow_id: int) -> FlowKey | None: ...
     def function(self, function_id: int) -> str: ...
@@ -63,12 +66,30 @@ class FlowStat:
         for s, c in other.stacks.items():
             self.stacks[s] = self.stacks.get(s, 0.0) + c
 
-    def hottest(self, n: int = 1) -> list[tuple[int, float]]:
-        """The `n` functions with the most cost (ties: lower id first)."""
-        return sorted(self.functions.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    def hottest(
+        self, n: int = 1, merge: Callable[[int], int] | None = None
+    ) -> list[tuple[int, float]]:
+        """The `n` functions with the most cost (ties: lower id first). `merge` maps
+        an id to the one it is counted under (a provisional id to the function it
+        was resolved to: Names.canonical_function)."""
+        return _top(self.functions, n, merge)
 
-    def hottest_stacks(self, n: int = 1) -> list[tuple[int, float]]:
-        return sorted(self.stacks.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    def hottest_stacks(
+        self, n: int = 1, merge: Callable[[int], int] | None = None
+    ) -> list[tuple[int, float]]:
+        return _top(self.stacks, n, merge)
+
+
+def _top(
+    costs: dict[int, float], n: int, merge: Callable[[int], int] | None
+) -> list[tuple[int, float]]:
+    if merge is not None:
+        merged: dict[int, float] = {}
+        for ident, cost in costs.items():
+            key = merge(ident)
+            merged[key] = merged.get(key, 0.0) + cost
+        costs = merged
+    return sorted(costs.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
 
 
 def _order(s: FlowStat) -> tuple[float, int, int, int]:
@@ -148,6 +169,19 @@ def flow_label(flow_id: int, names: Names) -> str:
         return NO_FLOW
     key = names.flow(flow_id)
     return str(key) if key is not None else f"{flow_id:016x}"
+
+
+def row_label(s: FlowStat, names: Names) -> str:
+    """A row's flow as flow_label says it; `(idle)` for the samples in the kernel's
+    idle code (flow 0, direction IDLE)."""
+    if s.flow_id == 0 and s.direction == IDLE:
+        return IDLE_LABEL
+    return flow_label(s.flow_id, names)
+
+
+def row_direction(s: FlowStat) -> str:
+    """rx or tx; "" for a row of no flow (idle or not): it has no direction."""
+    return direction_name(s.direction) if s.flow_id else ""
 
 
 @dataclass

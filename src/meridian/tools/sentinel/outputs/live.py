@@ -5,6 +5,13 @@ with their hottest functions and stacks), and one JSON object per flush window.
 Everything here is a pure function of aggregator rollups and a `Names` lookup (flow
 5-tuples, function names, stack frames), so it is tested without a kernel or a
 runtime. The live table is drawn on meridian/screen.py's live screen.
+
+What a person reads, not what the pipeline keys by: functions and stacks are ranked
+after merging the ids that name the same thing (Names.canonical_function and
+canonical_stack, when the names have them: a provisional id and the id of the
+function it resolved to); stacks go by rank, never by id (the JSON's `stack_id` is
+the interned id that storage knows, null for a label); rows of no flow, `(no flow)`
+and `(idle)` (the CPU idling: aggregator.py), have no direction.
 """
 
 from __future__ import annotations
@@ -15,16 +22,18 @@ from typing import Any, TextIO
 
 from ....output import dumps, fmt_scaled, print_table
 from ....screen import Screen, frame, terminal_size
+from ..model.rollup import PROVISIONAL_BASE
 from ..model.window import (
     FlowStat,
     Names,
     Totals,
     Window,
     WindowInfo,
-    direction_name,
     event_name,
-    flow_label,
+    row_direction,
+    row_label,
 )
+from ..pipeline.resolver import STACK_LABELS
 
 __all__ = [
     "JsonView",
@@ -38,15 +47,45 @@ __all__ = [
 LIVE_HEADER = ("FLOW", "DIR", "EVENT", "SAMPLES", "NORM COST", "HOTTEST FUNCTION")
 
 
+def _merge(names: Names, what: str) -> Callable[[int], int] | None:
+    """Names.canonical_function (what="function") or canonical_stack, if it has it."""
+    found: Callable[[int], int] | None = getattr(names, f"canonical_{what}", None)
+    return found
+
+
+def _functions(s: FlowStat, names: Names, n: int) -> list[tuple[int, float]]:
+    return s.hottest(n, _merge(names, "function"))
+
+
+def _stacks(s: FlowStat, names: Names, n: int) -> list[tuple[int, float]]:
+    return s.hottest_stacks(n, _merge(names, "stack"))
+
+
+def _stack_ref(stack_id: int) -> int | None:
+    """A stack id as storage knows it; None for no stack or a label."""
+    if stack_id == 0 or stack_id in STACK_LABELS or stack_id >= PROVISIONAL_BASE:
+        return None
+    return stack_id
+
+
+def _count(n: int, what: str = "sample") -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
 def _hottest_name(s: FlowStat, names: Names) -> str:
-    top = s.hottest(1)
+    top = _functions(s, names, 1)
     return names.function(top[0][0]) if top else "-"
+
+
+def _flows(stats: Sequence[FlowStat]) -> int:
+    """Distinct flows (no flow, idle or not, is none)."""
+    return len({s.flow_id for s in stats if s.flow_id})
 
 
 def _cells(s: FlowStat, names: Names) -> list[str]:
     return [
-        flow_label(s.flow_id, names),
-        direction_name(s.direction),
+        row_label(s, names),
+        row_direction(s),
         event_name(s.event),
         str(s.samples),
         fmt_scaled(s.norm_cost),
@@ -82,7 +121,7 @@ def render_live(
     """One frame of the live table, with ANSI codes, cut to the terminal's size."""
     cols, lines = size
     now = clock if clock is not None else time.strftime("%H:%M:%S")
-    flows = len({s.flow_id for s in stats})
+    flows = _flows(stats)
     dropped = info.dropped_text()
     head = [
         f"meridian sentinel  {now}  {info.mode} mode  every {info.seconds:.1f}s  "
@@ -101,9 +140,13 @@ def render_live(
     return frame(head + body, cols)
 
 
-def _flow_fields(flow_id: int, names: Names) -> dict[str, Any]:
-    out: dict[str, Any] = {"flow": f"{flow_id:016x}"}
-    key = names.flow(flow_id) if flow_id else None
+def _flow_fields(s: FlowStat, names: Names) -> dict[str, Any]:
+    """The flow's id (16 hex digits; null for no flow) and 5-tuple; the label of a
+    row of no flow."""
+    if not s.flow_id:
+        return {"flow": None, "label": row_label(s, names)}
+    out: dict[str, Any] = {"flow": f"{s.flow_id:016x}"}
+    key = names.flow(s.flow_id)
     if key is not None:
         out.update(src=key.src, dst=key.dst, sport=key.sport, dport=key.dport, proto=str(key.proto))
         out["label"] = str(key)
@@ -111,20 +154,26 @@ def _flow_fields(flow_id: int, names: Names) -> dict[str, Any]:
 
 
 def _row_json(s: FlowStat, names: Names, stacks: int = 0) -> dict[str, Any]:
-    out = _flow_fields(s.flow_id, names)
+    out = _flow_fields(s, names)
     out.update(
-        direction=direction_name(s.direction),
+        direction=row_direction(s) or None,
         event=event_name(s.event),
         samples=s.samples,
         norm_cost=round(s.norm_cost, 6),
         functions=[
-            {"function": names.function(f), "norm_cost": round(c, 6)} for f, c in s.hottest(3)
+            {"function": names.function(f), "norm_cost": round(c, 6)}
+            for f, c in _functions(s, names, 3)
         ],
     )
     if stacks:
         out["stacks"] = [
-            {"stack_id": sid, "norm_cost": round(c, 6), "frames": names.stack(sid)}
-            for sid, c in s.hottest_stacks(stacks)
+            {
+                "rank": rank,
+                "stack_id": _stack_ref(sid),
+                "norm_cost": round(c, 6),
+                "frames": names.stack(sid),
+            }
+            for rank, (sid, c) in enumerate(_stacks(s, names, stacks), 1)
         ]
     return out
 
@@ -146,7 +195,7 @@ def window_json(
         "scale": info.scale,
         "throttled": info.throttled,
         "dropped": dict(info.dropped),
-        "flows_total": len({s.flow_id for s in stats}),
+        "flows_total": _flows(stats),
         "flows": [_row_json(s, names) for s in stats[:top]],
     }
 
@@ -188,8 +237,9 @@ def render_summary(
     frames)."""
     rows = totals.top(top)
     print(
-        f"\nmeridian sentinel: {totals.samples} samples in {seconds:.1f}s "
-        f"({totals.windows} windows), source: {info.source}, last mode: {info.mode}",
+        f"\nmeridian sentinel: {_count(totals.samples)} in {seconds:.1f}s "
+        f"({_count(totals.windows, 'window')}), source: {info.source}, "
+        f"last mode: {info.mode}",
         file=out,
     )
     if not rows:
@@ -197,41 +247,42 @@ def render_summary(
     else:
         total = totals.norm_cost or 1.0
         table = [
-            [
-                flow_label(s.flow_id, names),
-                direction_name(s.direction),
-                event_name(s.event),
-                str(s.samples),
-                fmt_scaled(s.norm_cost),
-                f"{100 * s.norm_cost / total:.1f}%",
-                _hottest_name(s, names),
-            ]
+            [*cells[:5], f"{100 * s.norm_cost / total:.1f}%", cells[5]]
             for s in rows
+            for cells in [_cells(s, names)]
         ]
         print(file=out)
         print_table(SUMMARY_HEADER, table, out, numeric=(3, 4, 5))
         for s in rows[:detailed]:
-            print(
-                f"\n{flow_label(s.flow_id, names)} {direction_name(s.direction)} "
-                f"{event_name(s.event)}: {s.samples} samples, norm cost {fmt_scaled(s.norm_cost)}",
-                file=out,
-            )
-            for f, c in s.hottest(functions):
-                share = 100 * c / s.norm_cost if s.norm_cost else 0.0
-                print(f"  {share:5.1f}%  {names.function(f)}", file=out)
-            for sid, c in s.hottest_stacks(stacks):
-                frames = names.stack(sid)
-                if not frames:
-                    continue
-                share = 100 * c / s.norm_cost if s.norm_cost else 0.0
-                print(f"  stack {sid} ({share:.1f}%):", file=out)
-                for frame in frames[:depth]:
-                    print(f"      {frame}", file=out)
-                if len(frames) > depth:
-                    print(f"      ... {len(frames) - depth} more", file=out)
+            _detail(s, names, out, functions, stacks, depth)
     dropped = info.dropped_text()
     if dropped:
         print(f"dropped: {dropped}", file=out)
+
+
+def _detail(
+    s: FlowStat, names: Names, out: TextIO, functions: int, stacks: int, depth: int
+) -> None:
+    """One row of the summary in detail: its hottest functions, and its hottest stacks
+    by rank."""
+    head = " ".join(x for x in (row_label(s, names), row_direction(s), event_name(s.event)) if x)
+    print(
+        f"\n{head}: {_count(s.samples)}, norm cost {fmt_scaled(s.norm_cost)}",
+        file=out,
+    )
+    for f, c in _functions(s, names, functions):
+        share = 100 * c / s.norm_cost if s.norm_cost else 0.0
+        print(f"  {share:5.1f}%  {names.function(f)}", file=out)
+    for rank, (sid, c) in enumerate(_stacks(s, names, stacks), 1):
+        frames = names.stack(sid)
+        if not frames:
+            continue
+        share = 100 * c / s.norm_cost if s.norm_cost else 0.0
+        print(f"  stack #{rank} ({share:.1f}%):", file=out)
+        for line in frames[:depth]:
+            print(f"      {line}", file=out)
+        if len(frames) > depth:
+            print(f"      ... {len(frames) - depth} more", file=out)
 
 
 class LiveView:

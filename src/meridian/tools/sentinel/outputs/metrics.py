@@ -57,7 +57,7 @@ __all__ = [
 OTHER = "other"
 CACHE_EVENTS = frozenset({"llc-misses", "remote-dram", "hitm"})  # ms_flow_micromiss_rate
 BRANCH_EVENTS = frozenset({"branch-misses"})  # ms_branch_mispred_rate
-DIRECTIONS = ("rx", "tx")
+DIRECTIONS = ("rx", "tx", "idle")  # idle: flow 0's samples in the kernel's idle code
 FLOW_LABELS = ("flow", "src", "dst", "sport", "dport", "proto")
 _K = TypeVar("_K", str, int)  # a label value
 GAUGE_HELP = {
@@ -84,7 +84,7 @@ class FlowRow:
 
     flow_id: int
     event: str
-    direction: str  # rx or tx
+    direction: str  # rx or tx; idle for flow 0 in the kernel's idle code
     samples: int
     norm_cost: float
     src: str = ""
@@ -160,7 +160,7 @@ def flow_rows(
                 "dport": key.dport,
                 "proto": str(key.proto),
             }
-        d = DIRECTIONS[direction] if 0 <= direction < 2 else str(direction)
+        d = DIRECTIONS[direction] if 0 <= direction < len(DIRECTIONS) else str(direction)
         out.append(FlowRow(flow_id, label(event), d, int(samples), cost, **where))
     return out
 

@@ -11,7 +11,14 @@ with the sampled ip only when it has no stack ids or its frames are gone (id 0).
 ids are integers in [0, 2**64). New call stacks are asked at most `stacks_per_window`
 times a window, the hottest first (a stack each costs the resolver tens of
 microseconds, and code without frame pointers gives almost every sample its own);
-the rest are keyed UNRESOLVED, their samples and cost exact.
+the rest are keyed SKIPPED_STACK, their samples and cost exact (its label says why:
+resolver.py).
+
+Idle is no flow's cost: a sample whose instruction is in the kernel's idle code (the
+resolver's `idle_function_ids()`, kallsyms.py says which) is keyed to no flow (0)
+with the direction IDLE, whatever packet the CPU handled before it halted. It is
+decided by the sampled function, not by the pid: the softirq that handles a packet
+on an idle CPU runs as pid 0 and is that flow's cost.
 """
 
 from __future__ import annotations
@@ -23,14 +30,16 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..model.interference import classify
-from ..model.rollup import KEY_DTYPE, ROLLUP_DTYPE, UNRESOLVED, Rollup, rollups
+from ..model.records import IDLE
+from ..model.rollup import KEY_DTYPE, ROLLUP_DTYPE, Rollup, rollups
 
-__all__ = ["Aggregator", "Resolver"]
+__all__ = ["SKIPPED_STACK", "Aggregator", "Resolver"]
 
 Array = np.ndarray[Any, Any]
 
 STACK_CANDIDATES = 4096  # of a batch's distinct stacks, the hottest looked at at all
 STACKS_PER_WINDOW = 512  # new call stacks resolved per flush window, the hottest first
+SKIPPED_STACK = (1 << 64) - 3  # a stack not asked: over the window's budget
 
 
 class Resolver(Protocol):
@@ -46,6 +55,9 @@ class Resolver(Protocol):
     def data_object_id(self, pid: int, addr: int) -> int:
         """0: no known object at `addr`."""
         ...
+
+    # optional: `idle_function_ids() -> frozenset[int]`, the function ids of the
+    # kernel's idle code (its samples are charged to no flow)
 
 
 _MIX = np.uint64(0x100000001B3)
@@ -105,12 +117,13 @@ def _resolve(
     """The resolver's id of each distinct row (`first` indexes them), from the
     window's cache, else one call each (or one call of `many` for them all), and the
     number of calls made. With a `budget`, at most that many rows are asked (those
-    of highest `weight` first); the others are UNRESOLVED for the rest of the window."""
+    of highest `weight` first); the others are SKIPPED_STACK for the rest of the
+    window."""
     if budget is not None and weight is not None and len(first) > STACK_CANDIDATES:
         # Thousands of distinct rows (a stack per sample): even a cache lookup per
-        # row costs; only the hottest are looked at, the rest are UNRESOLVED.
+        # row costs; only the hottest are looked at, the rest are skipped.
         top = np.argpartition(-weight, STACK_CANDIDATES)[:STACK_CANDIDATES]
-        out = np.full(len(first), UNRESOLVED, dtype=np.uint64)
+        out = np.full(len(first), SKIPPED_STACK, dtype=np.uint64)
         out[top], asked = _resolve(cache, call, cols, first[top], many, budget, weight[top])
         return out, asked
     rows = list(zip(*(c[first].tolist() for c in cols), strict=True))
@@ -122,7 +135,7 @@ def _resolve(
         if weight is not None:
             miss = miss[np.argsort(-weight[miss], kind="stable")]
         for i in miss[budget:].tolist():
-            ids[i] = cache[rows[i]] = UNRESOLVED
+            ids[i] = cache[rows[i]] = SKIPPED_STACK
         missing = sorted(miss[:budget].tolist())
     if missing and many is not None:
         got = many(*([rows[i][j] for i in missing] for j in range(len(cols))))
@@ -216,13 +229,14 @@ class Aggregator:
         t = np.asarray(samples["time_ns"] if time_ns is None else time_ns).astype(np.uint64)
         keys = np.empty(n, dtype=KEY_DTYPE)
         keys["flow_id"] = samples["flow_id"]
+        keys["direction"] = samples["direction"]
+        self._idle(keys, fids)
         keys["function_id"] = fids
         keys["callstack_id"] = sids
         keys["data_object_id"] = dids
         keys["time_bucket"] = t - t % np.uint64(self.time_window_ns)
         keys["numa_node"] = samples["numa_node"]
         keys["event"] = samples["event"]
-        keys["direction"] = samples["direction"]
         keys["interference_class"] = classify(samples["event"])
 
         cost = np.float64(scale) / np.maximum(samples["gso_segs"], 1).astype(np.float64)
@@ -230,6 +244,17 @@ class Aggregator:
         with self._lock:
             self._parts.append(part)
             self.samples_total += n
+
+    def _idle(self, keys: Array, fids: Array) -> None:
+        """The samples in the kernel's idle code: no flow, direction IDLE."""
+        idle_ids = getattr(self.resolver, "idle_function_ids", None)
+        ids = idle_ids() if idle_ids is not None else None
+        if not ids:
+            return
+        idle = np.isin(fids, np.fromiter(ids, dtype=np.uint64, count=len(ids)))
+        if idle.any():
+            keys["flow_id"][idle] = 0
+            keys["direction"][idle] = IDLE
 
     def flush_array(self) -> Array:
         """The window's rollups as one ROLLUP_DTYPE array (for bulk sinks), and a new

@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING
 
 from ..model.flows import FlowKey, FlowNames
 from ..model.rollup import UNRESOLVED
+from .aggregator import SKIPPED_STACK
 
 if TYPE_CHECKING:
     from ..symbols.symbolizer import Symbolizer
 
 __all__ = [
     "GONE_STACK",
+    "SKIPPED_STACK",
     "STACK_LABELS",
     "UNRESOLVED_LABEL",
     "RuntimeNames",
@@ -31,6 +33,7 @@ UNRESOLVED_LABEL = "[unresolved: symbols not read yet]"
 STACK_LABELS = {
     UNRESOLVED_STACK: UNRESOLVED_LABEL,
     GONE_STACK: "[stack gone: recycled before it was read]",
+    SKIPPED_STACK: "[stacks not read: over the window's budget of new stacks]",
 }
 
 
@@ -39,12 +42,18 @@ class SymbolResolver:
     map for stack ids (kernel frames first, innermost first, then the user frames).
 
     The consumer must keep up with the ring, so it asks only what costs little: with
-    a symbolizer that has a cheap mode (the Symbolizer), an address whose answer needs
-    a slow read (a binary's symbols or line table: up to seconds in Python) is keyed
-    UNRESOLVED and left to the symbols thread (Runtime), which does the reads at a
-    bounded share of a core; the same address resolves in a later window. The samples
-    and cost of what is unresolved stay exact, under a label that says so. A stack
-    whose frames the source no longer has is GONE_STACK."""
+    a symbolizer that has a cheap mode (the Symbolizer), an address (or a stack) whose
+    answer needs a slow read (a binary's symbols or line table: up to seconds in
+    Python) is keyed by a provisional id and left to the symbols thread (Runtime),
+    which does the reads at a bounded share of a core and then resolves the id: its
+    name is the function's from then on (RuntimeNames), in the windows already
+    flushed too, and the outputs merge it with the function's own id when they rank.
+    Past the symbolizer's bound of pending provisional ids the key is UNRESOLVED, its
+    samples and cost exact under a label that says so. A stack whose frames the
+    source no longer has is GONE_STACK.
+
+    `idle_function_ids()`: the kernel's idle functions (the aggregator charges a
+    sample in them to no flow)."""
 
     def __init__(self, symbolizer: Symbolizer, stack_ips: Callable[[int], tuple[int, ...]]):
         self.symbolizer = symbolizer
@@ -75,6 +84,9 @@ class SymbolResolver:
     def data_object_id(self, pid: int, addr: int) -> int:
         return self.symbolizer.data_object_id(pid, addr)
 
+    def idle_function_ids(self) -> frozenset[int]:
+        return self.symbolizer.idle_function_ids()
+
 
 class RuntimeNames:
     """view.Names over the flow names and the symbolizer (both safe across threads:
@@ -93,12 +105,31 @@ class RuntimeNames:
         return self.flow(flow_id)
 
     def function(self, function_id: int) -> str:
-        if function_id == UNRESOLVED:
+        """The function's name; a provisional id's once it is resolved, the label
+        UNRESOLVED_LABEL until then."""
+        found = self.canonical_function(function_id)
+        if found == UNRESOLVED:
             return UNRESOLVED_LABEL
-        return self.symbolizer.function_name(function_id)
+        return self.symbolizer.function_name(found)
+
+    def canonical_function(self, function_id: int) -> int:
+        """The id a function id is counted under when ranked: a provisional id's
+        function once resolved, UNRESOLVED while it waits; any other id itself."""
+        if function_id == UNRESOLVED:
+            return UNRESOLVED
+        found = self.symbolizer.canonical_function(function_id)
+        return UNRESOLVED if found is None else found
 
     def stack(self, stack_id: int) -> list[str]:
-        label = STACK_LABELS.get(stack_id)
+        found = self.canonical_stack(stack_id)
+        label = STACK_LABELS.get(found)
         if label is not None:
             return [label]
-        return [str(f) for f in self.symbolizer.stack(stack_id)] if stack_id else []
+        return [str(f) for f in self.symbolizer.stack(found)] if found else []
+
+    def canonical_stack(self, stack_id: int) -> int:
+        """canonical_function for stack ids (the labels' ids and 0 stay themselves)."""
+        if stack_id in STACK_LABELS or stack_id == 0:
+            return stack_id
+        found = self.symbolizer.canonical_stack(stack_id)
+        return UNRESOLVED_STACK if found is None else found

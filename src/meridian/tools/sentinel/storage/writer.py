@@ -5,7 +5,11 @@ A window writes, in this order, the names its rollups refer to for the first tim
 (flows as 5-tuples, functions as binary and symbol), the call stacks and data objects
 interned since the last window, then the rollups: a query that finds a rollup finds
 its names. A flow not named yet (its name comes from the kernel a poll later) is
-written by a later window.
+written by a later window. So is a function keyed by a provisional id (its symbols
+waited for a read: symbols/provisional.py): its name row is written by the first
+window after it is resolved, whether or not that window's rollups name it again (its
+stack row comes with the symbolizer's new stacks likewise). Until then a query finds
+its rollups unnamed.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 
 from ....export.series import Family, HistPoint, Point
+from ..model.rollup import UNRESOLVED
 from .sink import Sink
 
 if TYPE_CHECKING:  # types only
@@ -25,6 +30,7 @@ if TYPE_CHECKING:  # types only
 __all__ = ["StoreWriter"]
 
 MAX_NAMED = 1 << 20  # ids remembered as written; past it they are forgotten (written again)
+MAX_UNNAMED = 1 << 16  # function ids without a name yet, asked again each window
 
 
 class _Symbols(Protocol):
@@ -43,6 +49,7 @@ class StoreWriter:
     raw_samples: bool = False
     _flows: set[int] = field(default_factory=set, init=False)  # ids named in the store
     _functions: set[int] = field(default_factory=set, init=False)
+    _unnamed: set[int] = field(default_factory=set, init=False)  # asked again each window
 
     def on_samples(self, batch: Any) -> None:
         """Raw samples (the consumer thread): only turned into lines and queued here."""
@@ -67,11 +74,14 @@ class StoreWriter:
                 flows.append((fid, key.src, key.dst, key.sport, key.dport, str(key.proto)))
                 self._flows.add(fid)
         functions = []
-        for fid in _new(rows["function_id"], self._functions):
-            found = self.symbols.function_key(fid)
+        for fid in sorted(self._unnamed.union(_new(rows["function_id"], self._functions))):
+            found = self.symbols.function_key(fid) if fid != UNRESOLVED else None
             if found is not None:
                 functions.append((fid, *found))
                 self._functions.add(fid)
+                self._unnamed.discard(fid)
+            elif fid != UNRESOLVED and len(self._unnamed) < MAX_UNNAMED:
+                self._unnamed.add(fid)
         for seen in (self._flows, self._functions):
             if len(seen) > MAX_NAMED:
                 seen.clear()

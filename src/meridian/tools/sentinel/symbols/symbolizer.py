@@ -1,22 +1,19 @@
 """Sample addresses to frames (binary, function, file, line), interned to the small ids
 the aggregator keys on: function ids, call-stack ids and data-object ids.
 
-Where an address comes from, in the order tried:
-- kernel (upper half): /proc/kallsyms (kallsyms.py); "[kernel]" when hidden;
-- JIT regions registered through the API (`register_jit`);
-- the process's file-backed mappings in /proc/PID/maps, then the file's ELF symbols
-  (elf.py, cached per file by binaries.py): `ip - start + pgoff` is a file offset,
-  its PT_LOAD gives the address;
-- for anonymous memory, the JIT's perf map `PERF_MAP_DIR/perf-PID.map` (perfmap.py).
+Frames come from lookup.py (kallsyms, registered JIT regions, the processes' mappings
+and ELF symbols, perf maps; "[unknown]" rather than an exception). Ids are interned
+per (binary, function) and per frames, in bounded interners (symcache.py), with the
+answers for (pid, ip) and (pid, ips) cached per state. `forget(pid)` drops a process.
 
-Nothing raises for an address it cannot name: the frame says "[unknown]" (with the
-binary and offset when the mapping is known). Caches are bounded LRUs: a view per
-process (procview.py), a symbol table per binary (binaries.py), frames keyed by (pid,
-view, ip) so that a replaced view's frames age out (symcache.py). `forget(pid)` drops
-a process.
 Cheap mode (`function_ids`/`stack_id` with cheap=True) answers only from what is
-loaded; what needs a slow read is "unresolved" until `warm()` (a background thread)
-has read it: the agent's consumer must keep up.
+loaded: the agent's consumer must keep up. What needs a slow read gets a provisional
+id (provisional.py) that `warm()` (a background thread) resolves once it has read it;
+`function_key`, `stack` and `canonical_function`/`canonical_stack` answer for it from
+then on. Past the bound of pending provisional ids, the caller's `unresolved`.
+
+Kernel functions that are the CPU idling (kallsyms.py: the idle loop, the halting
+instructions) are noted as their ids are made: `idle_function_ids()`.
 """
 
 from __future__ import annotations
@@ -30,27 +27,17 @@ from itertools import islice
 from pathlib import Path
 
 from ..model.dataobjects import DataObject, DataObjects
-from ..model.frames import JIT, KERNEL, UNKNOWN, Frame
+from ..model.frames import UNKNOWN, Frame
 from . import elf
-from .binaries import Binaries
-from .kallsyms import KERNEL_START, KernelSymbols, is_kernel
-from .perfmap import JitRegion, JitRegions
-from .procview import Process, ProcessViews
+from .kallsyms import KERNEL_START, is_kernel
+from .lookup import AddressLookup, Costly
+from .provisional import Provisional
 from .symcache import Interner, Lru
-
-# Above the highest user address any 64-bit Linux hands out (x86-64 with 5-level
-# paging: 2^56; arm64: 2^52) and below the kernel's half: not an address at all.
-USER_END = 1 << 56
 
 __all__ = ["DataObject", "Frame", "Symbolizer"]
 
 
-class _Costly(Exception):
-    """Raised in cheap mode where an answer would need a slow read (a binary's symbols
-    or line table, kallsyms, a perf map): the address is noted for warm()."""
-
-
-class Symbolizer:
+class Symbolizer(AddressLookup):
     """Resolves (pid, ip) to frames and interns them; safe to call from several threads.
 
     `proc_root`, `kallsyms` and `perf_map_dir` are parameters so that tests run on
@@ -72,6 +59,7 @@ class Symbolizer:
         max_jit_regions: int = 1 << 16,
         max_data_objects: int = 1 << 16,
         max_pending: int = 1 << 16,
+        max_provisional: int = 1 << 14,
         recheck_s: float = 1.0,
         grace_s: float = 10.0,
         kernel_reload_s: float = 60.0,
@@ -79,28 +67,25 @@ class Symbolizer:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         elf.require()
-        self.proc_root = Path(proc_root)
-        self.perf_map_dir = Path(perf_map_dir)
-        self.max_jit_regions = max_jit_regions
-        self.recheck_s = recheck_s
-        self.grace_s = grace_s
-        self.kernel_reload_s = kernel_reload_s
-        self.clock = clock
-        self._lock = threading.RLock()
-        self._kernel = KernelSymbols(kallsyms)
-        self._kernel_loaded = 0.0
-        self._kernel_gen = 0
-        # (pid, view gen, ip) -> frame; kernel frames under pid -1 and _kernel_gen.
-        self._frames: Lru[tuple[int, int, int], Frame] = Lru(max_frames)
-        self._views = ProcessViews(self.proc_root, max_processes, recheck_s, grace_s, clock)
-        self._binaries = Binaries(self.proc_root, max_binaries, debug_root, self._costly)
-        self._jit: Lru[int, JitRegions] = Lru(max_processes)
+        super().__init__(
+            proc_root,
+            kallsyms,
+            perf_map_dir,
+            max_processes,
+            max_binaries,
+            max_frames,
+            max_jit_regions,
+            recheck_s,
+            grace_s,
+            kernel_reload_s,
+            debug_root,
+            clock,
+        )
         self._functions: Interner[tuple[str, str]] = Interner(max_functions)
         self._stacks: Interner[tuple[Frame, ...]] = Interner(max_stacks)
         # Ids given for (pid, state, ip) and (pid, state, ips), state naming all an
         # answer came from (view, JIT and kernel registrations, interners): asked again,
         # a dict lookup instead of frames. Only answers stable within a state are kept.
-        self._jit_gen = 0
         # (owner, state) -> {ip: function id}: a dict lookup per address; all of them
         # dropped at once past max_frames answers (tables of old states among them)
         self._function_ids: dict[tuple[int, tuple[int, ...]], dict[int, int]] = {}
@@ -113,48 +98,18 @@ class Symbolizer:
         self._data = DataObjects(max_data_objects, max_pending)
         # cheap mode (function_ids/stack_id with cheap=True): answers from what is
         # loaded already; the addresses that needed more wait here for warm()
-        self._cheap = False
         self._misses: OrderedDict[tuple[int, int], None] = OrderedDict()
         self.max_misses = max_pending
         self.cheap_misses = 0  # addresses answered "unresolved" in cheap mode
         self.missed = threading.Event()  # set when an address starts waiting for warm()
+        # what cheap answers keyed provisionally, until warm() has read them
+        self._pfunctions: Provisional[tuple[int, int]] = Provisional(max_provisional, max_frames)
+        self._pstacks: Provisional[tuple[int, tuple[int, ...]]] = Provisional(
+            max(1, max_provisional // 4), max_frames
+        )
+        self._idle: frozenset[int] = frozenset()  # ids of the kernel's idle functions
 
-    # -- frames -------------------------------------------------------------------
-
-    def frame(self, pid: int, ip: int) -> Frame:
-        """The frame of `ip` in process `pid`; "[unknown]" rather than an exception."""
-        pid, ip = int(pid), int(ip)  # numpy scalars would turn offsets into floats
-        with self._lock:
-            return self._frame(pid, ip)[0]
-
-    def _frame(self, pid: int, ip: int, lines: bool = True) -> tuple[Frame, bool]:
-        """The frame, and whether it is kept (the same until the state changes).
-        Without `lines` (a function id needs no file and line: decoding a binary's
-        line table costs seconds) a new frame has none and is not cached."""
-        if is_kernel(ip):
-            return self._kernel_frame(ip), True
-        if ip >= USER_END:
-            # Neither user nor kernel: a frame-pointer walk through code built without
-            # them reads garbage. No mapping can ever hold it, so the answer is kept
-            # (and the stack with it) rather than re-reading /proc/PID/maps for it.
-            return Frame("", UNKNOWN, "", 0, ip, 0), True
-        regions = self._jit.get(pid)
-        if regions is not None:
-            region = regions.lookup(ip)
-            if region is not None:
-                return self._jit_frame(pid, ip, region, lines), True
-        proc = self._views.get(pid)
-        found = self._frames.get((pid, proc.gen, ip))
-        if found is not None:
-            return found, True
-        proc, made = self._user_frame(pid, proc, ip, lines)
-        # Only file-backed answers are kept: a JIT's perf map and the mappings
-        # themselves change under an address, and are checked again on a miss.
-        if made.binary.startswith("/"):
-            if lines:
-                self._frames.put((pid, proc.gen, ip), made)
-            return made, True
-        return made, False
+    # -- ids ----------------------------------------------------------------------
 
     def _state(self, pid: int) -> tuple[int, ...]:
         """What answers for pid depend on: its view (checked as frame() checks it, so
@@ -178,6 +133,8 @@ class Symbolizer:
                 return found
             f, kept = self._frame(pid, ip, lines=False)
             ident = self._functions.intern((f.binary, f.function))[0]
+            if owner == -1 and ident not in self._idle and self._kernel.idle(ip):
+                self._idle = self._idle | {ident}
             if kept:  # under the state after the answer (a view read again, say)
                 if self._function_ids_kept >= self._max_function_ids:
                     self._function_ids.clear()
@@ -198,7 +155,8 @@ class Symbolizer:
     ) -> list[int]:
         """function_id of each (pid, ip), under one lock and one check of each process.
         `cheap`: an address whose answer needs a slow read (a binary's symbols, say)
-        is answered `unresolved` and left for warm()."""
+        is answered with a provisional id (the same until warm() resolves it; past
+        `max_provisional` waiting, `unresolved`) and left for warm()."""
         out: list[int] = []
         with self._lock:
             tables: dict[int, dict[int, int]] = {}
@@ -210,18 +168,13 @@ class Symbolizer:
                 found = table.get(ip)
                 if found is None and cheap and (pid, ip) in self._misses:
                     self.cheap_misses += 1  # still waiting for warm()
-                    out.append(unresolved)
+                    out.append(self._provisional(int(pid), int(ip), unresolved))
                     continue
                 if found is None and cheap:
-                    self._cheap = True
-                    try:
-                        found = self.function_id(pid, ip)
-                    except _Costly:  # nothing read: the table stands
-                        self._miss(int(pid), int(ip))
-                        out.append(unresolved)
+                    found = self._cheap_function((int(pid), int(ip)))
+                    if found is None:  # nothing read: the table stands
+                        out.append(self._provisional(int(pid), int(ip), unresolved))
                         continue
-                    finally:
-                        self._cheap = False
                     tables.pop(owner, None)
                 elif found is None:
                     found = self.function_id(pid, ip)
@@ -229,12 +182,24 @@ class Symbolizer:
                 out.append(found)
         return out
 
-    def _costly(self) -> None:
-        if self._cheap:
-            raise _Costly
+    def _cheap_function(self, key: tuple[int, int], count: bool = True) -> int | None:
+        """function_id in cheap mode; None (the address noted for warm()) when it
+        needs a slow read. Under the lock."""
+        self._cheap = True
+        try:
+            return self.function_id(*key)
+        except Costly:
+            self._miss(*key, count)
+            return None
+        finally:
+            self._cheap = False
 
-    def _miss(self, pid: int, ip: int) -> None:
-        self.cheap_misses += 1
+    def _provisional(self, pid: int, ip: int, unresolved: int) -> int:
+        found = self._pfunctions.id_for((pid, ip))
+        return unresolved if found is None else found
+
+    def _miss(self, pid: int, ip: int, count: bool = True) -> None:
+        self.cheap_misses += count
         key = (pid, ip)
         if key in self._misses:
             return
@@ -246,22 +211,85 @@ class Symbolizer:
 
     def warm(self, budget_s: float) -> int:
         """The slow reads cheap answers skipped, oldest first, for about `budget_s`
-        seconds (a background thread's job). Returns how many are still waiting."""
+        seconds (a background thread's job), then the provisional ids they held back
+        (resolved when their answers are loaded now). Returns how many reads and
+        provisional ids are still waiting."""
         end = time.perf_counter() + budget_s
         while time.perf_counter() < end:
             with self._lock:
                 if not self._misses:
-                    self.missed.clear()
-                    return 0
-                (pid, ip), _ = self._misses.popitem(last=False)
-                self._frame(pid, ip)
+                    break
+                key, _ = self._misses.popitem(last=False)
+                self._frame(*key)
+                ident = self._pfunctions.pending_id(key)
+                if ident is not None:  # resolved while its answer is fresh
+                    self._settle_function(ident, key)
+        else:  # the budget is spent: the rest waits for the next call
+            return self.waiting()
+        self._settle(end)
         with self._lock:
-            return len(self._misses)
+            if not self._misses:
+                self.missed.clear()
+        return self.waiting()
+
+    def waiting(self) -> int:
+        """Addresses waiting for a read, and provisional ids for their resolution."""
+        with self._lock:
+            return len(self._misses) + len(self._pfunctions) + len(self._pstacks)
+
+    def _settle(self, end: float) -> None:
+        """Try the pending provisional ids, oldest first, until `end` (perf_counter):
+        those whose answers need no read now are resolved (those that still do are
+        noted for warm() again)."""
+        with self._lock:
+            functions, stacks = self._pfunctions.pending(), self._pstacks.pending()
+        for ident, key in functions:
+            if time.perf_counter() >= end:
+                return
+            with self._lock:
+                if self._pfunctions.pending_id(key) == ident:  # not resolved meanwhile
+                    self._settle_function(ident, key)
+        for sid, skey in stacks:
+            if time.perf_counter() >= end:
+                return
+            with self._lock:
+                if self._pstacks.pending_id(skey) != sid:
+                    continue
+                found = self._stack_id(*skey, cheap=True, count=False)
+                if found is None:
+                    self._pstacks.later(sid)
+                    continue
+                self._pstacks.resolve(sid, found)
+                self._new_stacks.append((sid, self._stacks.key(found) or ()))  # for storage
+
+    def _settle_function(self, ident: int, key: tuple[int, int]) -> None:
+        found = self._cheap_function(key, count=False)
+        if found is None:
+            self._pfunctions.later(ident)
+        else:
+            self._pfunctions.resolve(ident, found)
+
+    def canonical_function(self, function_id: int) -> int | None:
+        """The interned id a provisional function id was resolved to (None while it
+        waits for a read); any other id itself."""
+        with self._lock:
+            return self._pfunctions.canonical(function_id)
+
+    def canonical_stack(self, stack_id: int) -> int | None:
+        """canonical_function for stack ids."""
+        with self._lock:
+            return self._pstacks.canonical(stack_id)
+
+    def idle_function_ids(self) -> frozenset[int]:
+        """The ids of the kernel's idle functions among those made so far."""
+        return self._idle
 
     def function_key(self, function_id: int) -> tuple[str, str] | None:
-        """(binary, symbol) of a function id (None: not interned), for storage."""
+        """(binary, symbol) of a function id (None: not interned, or provisional and
+        not resolved yet), for storage."""
         with self._lock:
-            return self._functions.key(function_id)
+            found = self._pfunctions.canonical(function_id)
+            return None if found is None else self._functions.key(found)
 
     def function_name(self, function_id: int) -> str:
         """A function id's display name: the symbol, or "[unknown] (binary)"."""
@@ -277,41 +305,55 @@ class Symbolizer:
         self, pid: int, ips: Sequence[int], cheap: bool = False, unresolved: int = 0
     ) -> int:
         """The interned id of the frames of `ips` (innermost first); 0 for no frames.
-        `cheap`: when a frame needs a slow read, `unresolved` (the addresses that did
-        are left for warm())."""
+        `cheap`: when a frame needs a slow read, a provisional id as function_ids
+        gives (or `unresolved`); the addresses that did are left for warm()."""
         if len(ips) == 0:  # not `not ips`: a numpy array has no truth value
             return 0
         pid = int(pid)
         addrs = tuple(int(ip) for ip in ips)
         with self._lock:
-            found = self._stack_ids.get((pid, self._state(pid), addrs))
+            found = self._stack_id(pid, addrs, cheap)
             if found is not None:
                 return found
-            answers = []
-            missed = False
-            self._cheap = cheap
-            try:
-                for ip in addrs:
-                    try:
-                        answers.append(self._frame(pid, ip))
-                    except _Costly:
-                        missed = True
-                        self._miss(pid, ip)
-            finally:
-                self._cheap = False
-            if missed:
-                return unresolved
-            frames = tuple(f for f, _ in answers)
-            ident, new = self._stacks.intern(frames)
-            if new:
-                self._new_stacks.append((ident, frames))
-            if all(kept for _, kept in answers):
-                self._stack_ids.put((pid, self._state(pid), addrs), ident)
-            return ident
+            found = self._pstacks.id_for((pid, addrs))
+            return unresolved if found is None else found
 
-    def stack(self, stack_id: int) -> tuple[Frame, ...]:  # frames innermost first
+    def _stack_id(
+        self, pid: int, addrs: tuple[int, ...], cheap: bool, count: bool = True
+    ) -> int | None:
+        """stack_id, None when a frame needs a slow read (noted for warm()). Under
+        the lock."""
+        found = self._stack_ids.get((pid, self._state(pid), addrs))
+        if found is not None:
+            return found
+        answers = []
+        missed = False
+        self._cheap = cheap
+        try:
+            for ip in addrs:
+                try:
+                    answers.append(self._frame(pid, ip))
+                except Costly:
+                    missed = True
+                    self._miss(pid, ip, count)
+        finally:
+            self._cheap = False
+        if missed:
+            return None
+        frames = tuple(f for f, _ in answers)
+        ident, new = self._stacks.intern(frames)
+        if new:
+            self._new_stacks.append((ident, frames))
+        if all(kept for _, kept in answers):
+            self._stack_ids.put((pid, self._state(pid), addrs), ident)
+        return ident
+
+    def stack(self, stack_id: int) -> tuple[Frame, ...]:
+        """The frames of a stack id (a provisional one's once resolved), innermost
+        first."""
         with self._lock:
-            return self._stacks.key(stack_id) or ()
+            found = self._pstacks.canonical(stack_id)
+            return (self._stacks.key(found) or ()) if found else ()
 
     def consume_stacks(self) -> list[tuple[int, tuple[Frame, ...]]]:
         """Stacks interned since the last call (at most `max_pending`: older ones are
@@ -320,21 +362,6 @@ class Symbolizer:
             out = list(self._new_stacks)
             self._new_stacks.clear()
             return out
-
-    def register_jit(
-        self, pid: int, start: int, end: int, path: str, build_id: str | None = None
-    ) -> None:
-        """Code in [start, end) of `pid` belongs to `path`. When `path` is an ELF file
-        (a JIT'ed image written out) its symbols name the code, `start` being where the
-        image's first PT_LOAD page sits; otherwise the region is one function, `path`."""
-        pid, start, end = int(pid), int(start), int(end)
-        with self._lock:
-            self._jit_gen += 1
-            regions = self._jit.get(pid)
-            if regions is None:
-                regions = JitRegions(self.max_jit_regions)
-                self._jit.put(pid, regions)
-            regions.add(start, end, path, build_id)
 
     def register_data_object(
         self, pid: int, address: int, name: str, type: str | None = None, size: int | None = None
@@ -353,14 +380,6 @@ class Symbolizer:
     def data_object(self, object_id: int) -> DataObject | None:
         with self._lock:
             return self._data.get(object_id)
-
-    def jit_regions(self, pid: int | None, limit: int) -> list[tuple[int, JitRegion]]:
-        """(pid, region) of the first `limit` JIT regions (of one process, or all)."""
-        with self._lock:
-            pids = sorted(self._jit.snapshot()) if pid is None else [pid]
-            held = [(p, self._jit.peek(p)) for p in pids]
-            found = ((p, r) for p, rs in held if rs is not None for r in rs.regions())
-            return list(islice(found, limit))
 
     def data_objects(self, pid: int | None, limit: int) -> list[DataObject]:
         """The first `limit` data objects registered (one process's, or all)."""
@@ -381,12 +400,6 @@ class Symbolizer:
             self._jit.pop(pid)
             self._data.forget(pid)
 
-    def sweep(self) -> int:
-        """Check every cached process now; drop those gone past the grace period or
-        replaced (exec, pid reuse). Returns how many were dropped (the symbols thread)."""
-        with self._lock:
-            return self._views.sweep()
-
     def cache_sizes(self) -> dict[str, int]:
         """Entries per cache, for tests and the agent's own metrics."""
         with self._lock:
@@ -399,71 +412,3 @@ class Symbolizer:
                 "jit_processes": len(self._jit),
                 "data_objects": len(self._data),
             }
-
-    # -- internals ----------------------------------------------------------------
-
-    def _user_frame(
-        self, pid: int, proc: Process, ip: int, lines: bool = True
-    ) -> tuple[Process, Frame]:
-        """The frame of ip, with the process view used (a fresh one when the maps were
-        read again because ip was in none of the cached mappings)."""
-        m = proc.find(ip)
-        now = self.clock()
-        if m is None and proc.dead_since is None and now - proc.loaded >= self.recheck_s:
-            fresh = self._views.load(pid, now)  # a new mapping (dlopen, mmap) since the last read
-            fresh.perf_map, fresh.perf_checked = proc.perf_map, proc.perf_checked
-            proc = fresh
-            m = proc.find(ip)
-        if m is None or not m.file_backed:
-            stale = proc.perf_map is None or now - proc.perf_checked >= self.recheck_s
-            if stale:
-                self._costly()  # a perf map can be megabytes
-            path = self.perf_map_dir / f"perf-{pid}.map"
-            region = proc.perf_lookup(path, self.max_jit_regions, ip, now, stale)
-            if region is not None:
-                return proc, Frame(JIT, region.name, "", 0, ip, ip - region.start)
-            if m is None:
-                return proc, Frame("", UNKNOWN, "", 0, ip, 0)
-            return proc, Frame(m.path or "[anon]", UNKNOWN, "", 0, ip, ip - m.start)
-        file_offset = ip - m.start + m.pgoff
-        table = self._binaries.of_mapping(pid, m)
-        vaddr = table.vaddr(file_offset) if table is not None else None
-        if table is None or vaddr is None:
-            return proc, Frame(m.path, UNKNOWN, "", 0, ip, file_offset)
-        return proc, self._binaries.frame(m.path, table, ip, vaddr, lines)
-
-    def _jit_frame(self, pid: int, ip: int, region: JitRegion, lines: bool = True) -> Frame:
-        """A registered region's frame: from the ELF image at its path, else the
-        region itself is the function."""
-        path = region.name
-        if path.startswith("/"):
-            table = self._binaries.of_jit(pid, region)
-            if table.ok:
-                vaddr = ip - region.start + table.base
-                return self._binaries.frame(path, table, ip, vaddr, lines)
-        return Frame(JIT, path, "", 0, ip, ip - region.start)
-
-    def _kernel_frame(self, ip: int) -> Frame:
-        key = (-1, self._kernel_gen, ip)
-        found = self._frames.get(key)
-        if found is not None:
-            return found
-        now = self.clock()
-        if not self._kernel.loaded:
-            self._costly()
-            self._kernel.reload()
-            self._kernel_loaded = now
-        hit = self._kernel.lookup(ip)
-        if hit is None and now - self._kernel_loaded >= self.kernel_reload_s:
-            self._costly()
-            self._kernel_loaded = now  # a module or BPF program loaded since
-            self._kernel.reload()
-            self._kernel_gen += 1
-            hit = self._kernel.lookup(ip)
-        if hit is None:
-            made = Frame(KERNEL, KERNEL if self._kernel.hidden else UNKNOWN, "", 0, ip, 0)
-        else:
-            name, offset, module = hit
-            made = Frame(f"[{module}]" if module else KERNEL, name, "", 0, ip, offset)
-        self._frames.put((-1, self._kernel_gen, ip), made)
-        return made
