@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from children import reap
+from children import patience, reap
 from strategies import every, run_or_skip
 
 from meridian.tools.runqlat import STRATEGIES, Options, Runqlat
@@ -54,6 +54,7 @@ def test_per_process_and_pid_filter() -> None:
         assert {pid for pid, _ in snap.cells} == {pids[0]}  # it waited, and only it is seen
 
 
+CLOCK_GAP_S = 5e-6  # per wait: the rq clock read before the tracepoint, ktime in it
 SPINNERS = 3  # on one CPU: each waits while the other two run
 SPIN = "import time\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end:\n    pass\n"
 
@@ -97,7 +98,7 @@ def test_each_process_waits_what_its_schedstat_says(strategy: str) -> None:
     more than switch-ins: an event no BPF program received, not in the programs'
     recursion_misses). So the bound is 5% of a process's waits, and the sum (which
     a missed wait of several ms would move) is checked where the counts are equal:
-    within 1%, the difference of two clocks (the kernel's rq clock, read before the
+    within 1% and 5 us a wait (times the guest's slowdown), the difference of two clocks (the kernel's rq clock, read before the
     tracepoint; bpf_ktime_get_ns() in it): a few microseconds per wait, 0.03% here.
 
     The histogram map allocates an entry at a process's first wait, in the scheduler's
@@ -132,5 +133,8 @@ def test_each_process_waits_what_its_schedstat_says(strategy: str) -> None:
         assert pcount >= 10, (pid, pcount)  # pinned together, they had to wait
         assert 0 <= pcount - count <= pcount // 20, (pid, count, pcount, misses)
         if count == pcount:
-            assert abs(sum_ns - run_delay) <= run_delay // 100, (pid, sum_ns, run_delay)
+            # 1 %, and the two clocks' gap per wait: microseconds here, emulated in a
+            # guest (6.1 under TCG once: 1.26 % over a few hundred waits)
+            bound = run_delay // 100 + count * round(patience(CLOCK_GAP_S) * 1e9)
+            assert abs(sum_ns - run_delay) <= bound, (pid, sum_ns, run_delay, count)
     assert snap.counters["hists_full"] <= 1
