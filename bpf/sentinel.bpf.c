@@ -6,7 +6,8 @@
  * sight of a flow id puts its 5-tuple into the LRU map `ms_flows` for user space to
  * name it. `ms_pmu_handler`, a perf_event program on every sampled event and CPU,
  * takes a token from the CPU's bucket, finds the flow of the CPU's latest packet within
- * MS_FLOW_SKID_NS, takes stacks (and optionally a branch snapshot) and emits one
+ * MS_FLOW_SKID_NS (else of the newest in its history within MS_HISTORY_LEN times
+ * that), takes stacks (and optionally a branch snapshot) and emits one
  * `struct ms_sample` into the ring buffer `ms_events`.
  *
  * Packet hook strategies, picked at run time by autoload, best first:
@@ -20,7 +21,8 @@
  *          yet removed when not offloaded) and tp_btf/net_dev_start_xmit (the
  *          driver's transmit: network header set by the stack);
  *   ms_xdp_rx: optional XDP on named interfaces (RX fast path, before the skb).
- * Tunnels are not decapsulated: a packet is keyed by its outer 5-tuple.
+ * A packet is keyed by its IPv4/IPv6 TCP/UDP 5-tuple (IPv6 extension headers walked),
+ * a VXLAN or Geneve packet by its inner frame's (sentinel_flow.bpf.h).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -167,7 +169,9 @@ static __always_inline bool take_token(__u64 now, struct ms_counters *c)
 	return true;
 }
 
-/* The flow of the CPU's latest packet, if it is recent enough. */
+/* The flow of the CPU's latest packet if it is within the skid window, else (seed
+ * §5.1, find_flow_in_history) of the newest packet of its history within MS_HISTORY_LEN
+ * skid windows, else none. */
 static __always_inline void attach_flow(struct ms_sample *s, __u64 now)
 {
 	__u32 zero = 0;
@@ -180,12 +184,22 @@ static __always_inline void attach_flow(struct ms_sample *s, __u64 now)
 		src = cur;
 		s->flow_source = MS_FLOW_CURRENT;
 	} else if (h) {
-		/* The history is in time order: only its newest entry can be in the window. */
-		struct ms_flow_ctx *last = &h->ctx[(h->head - 1) & (MS_HISTORY_LEN - 1)];
+		/* Newest first, each entry once: the first within the window is the newest
+		 * there. The ring is in time order, but where a hook interrupted another's
+		 * write (RX in a softirq during fentry's TX): then the newest slot may hold
+		 * a packet 16 old and the one before it the latest. */
+		__u64 window = MS_HISTORY_LEN * flow_skid_ns;
+		__u32 head = h->head;
 
-		if (last->flow_id && now - last->time_ns <= flow_skid_ns) {
-			src = last;
-			s->flow_source = MS_FLOW_HISTORY;
+#pragma unroll
+		for (int i = 1; i <= MS_HISTORY_LEN; i++) {
+			struct ms_flow_ctx *e = &h->ctx[(head - i) & (MS_HISTORY_LEN - 1)];
+
+			if (e->flow_id && now - e->time_ns <= window) {
+				src = e;
+				s->flow_source = MS_FLOW_HISTORY;
+				break;
+			}
 		}
 	}
 	if (src) {

@@ -28,7 +28,8 @@ enum ms_direction {
 /* Where a sample's flow came from. */
 enum ms_flow_source {
 	MS_FLOW_CURRENT = 0,	/* the CPU's current packet context, within the skid window */
-	MS_FLOW_HISTORY = 1,	/* an older packet of the CPU's history, within the window */
+	MS_FLOW_HISTORY = 1,	/* the newest packet of the CPU's history within
+				 * MS_HISTORY_LEN x the skid window */
 	MS_FLOW_FALLBACK = 2,	/* none within the window: fallback id (0) */
 };
 

@@ -93,7 +93,18 @@ static __always_inline void record_packet(union flow_key *key, __u8 dir, __u32 i
 	slot->pad = 0;
 	slot->time_ns = bpf_ktime_get_ns();
 	h->head++;
-	*cur = *slot;
+	/* The current slot, its flow id last: a sample that interrupts the copy (the
+	 * perf handler runs in an interrupt) finds no flow there and takes this packet,
+	 * whole, from the history, not one flow's id with another packet's direction. */
+	cur->flow_id = 0;
+	barrier();
+	cur->time_ns = slot->time_ns;
+	cur->ifindex = slot->ifindex;
+	cur->gso_segs = slot->gso_segs;
+	cur->direction = dir;
+	cur->pad = 0;
+	barrier();
+	cur->flow_id = id;
 	if (c)
 		__sync_fetch_and_add(&c->flows_seen, 1);
 }
@@ -124,50 +135,159 @@ static __always_inline void record_unparsed(void)
 		 KCAST(T, addr) :                                               \
 		 (bpf_probe_read_kernel((copy), sizeof(T), (addr)), (T *)(copy)))
 
-/* Fill `key` from the network header at `nh` (kernel memory, the family from the IP
- * version nibble). Returns false when there is no IPv4/IPv6 TCP/UDP flow. */
-static __always_inline bool parse_l3(const void *nh, struct ms_flow_key *key)
+/* The header of type T at byte `off` of the packet at `pkt`, or NULL when it does not
+ * end by `end`: one parser for XDP and the skb hooks, `xdp` a constant at every call
+ * (the compiler keeps one of the two). XDP reads the packet in place, `end` its
+ * data_end (the bounds check the verifier wants before each access); the skb hooks
+ * read kernel memory with PKT_HDR, `end` the end of the skb's linear data (what is
+ * past it is not the packet's). The parser keeps offsets, not pointers: the verifier
+ * then sees the walks that took different paths (VLAN tags, extension headers) reach
+ * the same place with a scalar in a range, and verifies what follows once. */
+#define HDR_AT(xdp, T, pkt, off, end, copy)                                     \
+	((const void *)(pkt) + (off) + sizeof(T) > (const void *)(end) ? NULL : \
+	 (xdp) ? (T *)((pkt) + (off)) : PKT_HDR(T, (pkt) + (off), copy))
+
+#define IPPROTO_HOPOPTS_ 0
+#define IPPROTO_ROUTING_ 43
+#define IPPROTO_FRAGMENT_ 44
+#define IPPROTO_DSTOPTS_ 60
+#define MS_IPV6_EXT_MAX 4	/* IPv6 extension headers walked to reach TCP/UDP */
+#define VXLAN_PORT 4789
+#define GENEVE_PORT 6081
+#define ETH_P_TEB_ 0x6558	/* Geneve's protocol type of an Ethernet frame */
+
+/* Fill `key` from the IPv4/IPv6 header at byte `off` of `pkt` (the family from the IP
+ * version nibble), reading nothing past `end`. IPv6 hop-by-hop, routing, destination
+ * options and fragment headers are walked, up to MS_IPV6_EXT_MAX of them. Returns the
+ * offset of the TCP/UDP header, or 0 when there is no IPv4/IPv6 TCP/UDP flow. */
+static __always_inline __u32 parse_ip(const void *pkt, __u32 off, const void *end,
+				      struct ms_flow_key *key, const bool xdp)
 {
 	struct iphdr ip_copy;	/* the copies of kernels without bpf_rdonly_cast */
 	struct ipv6hdr ip6_copy;
+	struct frag_hdr ext_copy;
 	struct udphdr l4_copy;
-	struct iphdr *ip = PKT_HDR(struct iphdr, nh, &ip_copy);
-	struct udphdr *l4;
-	__u8 first = *(__u8 *)ip, proto;
+	struct iphdr *ip = HDR_AT(xdp, struct iphdr, pkt, off, end, &ip_copy);
+	struct udphdr *ports;
+	__u8 first, proto;
 
+	if (!ip)
+		return 0;
+	first = *(__u8 *)ip;
 	if (first >> 4 == 4) {
 		__u8 ihl = first & 0xf;
 
-		proto = ip->protocol;
 		/* A fragment after the first has no ports: no flow. */
-		if (ihl < 5 || (proto != IPPROTO_TCP_ && proto != IPPROTO_UDP_) ||
-		    (bpf_ntohs(ip->frag_off) & 0x1fff))
-			return false;
+		if (ihl < 5 || (bpf_ntohs(ip->frag_off) & 0x1fff))
+			return 0;
+		proto = ip->protocol;
 		*(__u32 *)key->saddr = ip->saddr;
 		*(__u32 *)key->daddr = ip->daddr;
 		key->family = AF_INET_;
-		l4 = PKT_HDR(struct udphdr, nh + ihl * 4, &l4_copy);
+		off += ihl * 4;
 	} else if (first >> 4 == 6) {
-		struct ipv6hdr *ip6 = PKT_HDR(struct ipv6hdr, nh, &ip6_copy);
+		struct ipv6hdr *ip6 = HDR_AT(xdp, struct ipv6hdr, pkt, off, end, &ip6_copy);
 
-		proto = ip6->nexthdr;
-		/* Extension headers are not walked: such packets have no flow. */
-		if (proto != IPPROTO_TCP_ && proto != IPPROTO_UDP_)
-			return false;
+		if (!ip6)
+			return 0;
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
 			((__u32 *)key->saddr)[i] = ip6->saddr.in6_u.u6_addr32[i];
 			((__u32 *)key->daddr)[i] = ip6->daddr.in6_u.u6_addr32[i];
 		}
 		key->family = AF_INET6_;
-		l4 = PKT_HDR(struct udphdr, nh + sizeof(*ip6), &l4_copy);
+		proto = ip6->nexthdr;
+		off += sizeof(*ip6);
+#pragma unroll
+		for (int i = 0; i < MS_IPV6_EXT_MAX; i++) {
+			struct frag_hdr *ext;
+
+			if (proto != IPPROTO_HOPOPTS_ && proto != IPPROTO_ROUTING_ &&
+			    proto != IPPROTO_DSTOPTS_ && proto != IPPROTO_FRAGMENT_)
+				break;
+			/* Every extension header has 8 bytes at least, the next header's
+			 * type first. Read as a fragment header: for the others, its
+			 * `reserved` byte is their length in 8 bytes past the first 8. */
+			ext = HDR_AT(xdp, struct frag_hdr, pkt, off, end, &ext_copy);
+			if (!ext)
+				return 0;
+			if (proto == IPPROTO_FRAGMENT_) {
+				/* A fragment after the first has no ports: no flow (as IPv4). */
+				if (bpf_ntohs(ext->frag_off) & 0xfff8)
+					return 0;
+				off += sizeof(*ext);
+			} else {
+				off += (ext->reserved + 1) * 8;
+			}
+			proto = ext->nexthdr;
+		}
 	} else {
-		return false;
+		return 0;
 	}
-	key->proto = proto;
+	if (proto != IPPROTO_TCP_ && proto != IPPROTO_UDP_)
+		return 0;
 	/* Ports stay in network byte order (TCP and UDP both start with them). */
-	key->sport = l4->source;
-	key->dport = l4->dest;
+	ports = HDR_AT(xdp, struct udphdr, pkt, off, end, &l4_copy);
+	if (!ports)
+		return 0;
+	key->proto = proto;
+	key->sport = ports->source;
+	key->dport = ports->dest;
+	return off;
+}
+
+/* The offset of the inner Ethernet frame of a VXLAN or Geneve packet (UDP to port 4789
+ * or 6081; `key` its outer flow, its UDP header at `udp`), else 0. VXLAN: an 8-byte
+ * header, then the frame. Geneve: an 8-byte header and opt_len 4-byte words of
+ * options, then the frame when its protocol type says Ethernet. */
+static __always_inline __u32 tunnel_inner(const struct ms_flow_key *key, const void *pkt,
+					  __u32 udp, const void *end, const bool xdp)
+{
+	__u32 hdr = udp + sizeof(struct udphdr);
+	struct vlan_hdr gnv_copy;
+	struct vlan_hdr *gnv;
+	__u16 word;
+
+	if (key->proto != IPPROTO_UDP_)
+		return 0;
+	if (key->dport == bpf_htons(VXLAN_PORT))
+		return hdr + 8;
+	if (key->dport != bpf_htons(GENEVE_PORT))
+		return 0;
+	/* Geneve's first 32 bits (version:2 opt_len:6, flags:8, protocol type:16) have a
+	 * VLAN tag's layout, a type in every kernel's BTF (geneve's own is a module's). */
+	gnv = HDR_AT(xdp, struct vlan_hdr, pkt, hdr, end, &gnv_copy);
+	if (!gnv || bpf_ntohs(gnv->h_vlan_encapsulated_proto) != ETH_P_TEB_)
+		return 0;
+	word = bpf_ntohs(gnv->h_vlan_TCI);
+	if (word >> 14)	/* version 0 only */
+		return 0;
+	return hdr + 8 + ((word >> 8) & 0x3f) * 4;
+}
+
+/* Key the packet whose IPv4/IPv6 header is at byte `off` of `pkt`, reading nothing past
+ * `end`: by its 5-tuple, or for VXLAN and Geneve by the 5-tuple of the inner frame
+ * (IPv4/IPv6, TCP/UDP), the outer one's kept when the inner frame has none. False: no
+ * flow. */
+static __always_inline bool key_packet(const void *pkt, __u32 off, const void *end,
+				       union flow_key *key, const bool xdp)
+{
+	union flow_key inner = {};
+	struct ethhdr eth_copy;
+	struct ethhdr *eth;
+	__u32 l4 = parse_ip(pkt, off, end, &key->k, xdp), frame;
+	__u16 proto;
+
+	if (!l4)
+		return false;
+	frame = tunnel_inner(&key->k, pkt, l4, end, xdp);
+	eth = frame ? HDR_AT(xdp, struct ethhdr, pkt, frame, end, &eth_copy) : NULL;
+	if (!eth)
+		return true;
+	proto = bpf_ntohs(eth->h_proto);
+	if ((proto == ETH_P_IP_ || proto == ETH_P_IPV6_) &&
+	    parse_ip(pkt, frame + sizeof(*eth), end, &inner.k, xdp))
+		*key = inner;
 	return true;
 }
 
@@ -175,6 +295,13 @@ static __always_inline bool parse_l3(const void *nh, struct ms_flow_key *key)
 static __always_inline __u16 skb_segs(const struct sk_buff *skb)
 {
 	return KREAD(struct skb_shared_info, skb->head + skb->end, gso_segs);
+}
+
+/* The end of an skb's linear data, where the stack has put (or pulled) the headers
+ * (tail: an offset from head on 64-bit kernels). */
+static __always_inline const void *skb_tail(const struct sk_buff *skb)
+{
+	return skb->head + skb->tail;
 }
 
 /* Received: skb->data is at the network header, skb->protocol its ethertype; up to two
@@ -193,7 +320,8 @@ static __always_inline void on_rx(const struct sk_buff *skb)
 		proto = bpf_ntohs(KREAD(struct vlan_hdr, nh, h_vlan_encapsulated_proto));
 		nh += sizeof(struct vlan_hdr);
 	}
-	if ((proto != ETH_P_IP_ && proto != ETH_P_IPV6_) || !parse_l3(nh, &key.k)) {
+	if ((proto != ETH_P_IP_ && proto != ETH_P_IPV6_) ||
+	    !key_packet(nh, 0, skb_tail(skb), &key, false)) {
 		record_unparsed();
 		return;
 	}
@@ -209,7 +337,7 @@ static __always_inline void on_tx(const struct sk_buff *skb, const struct net_de
 
 	if (proto == ETH_P_8021Q_ || proto == ETH_P_8021AD_ || proto == ETH_P_IP_ ||
 	    proto == ETH_P_IPV6_) {
-		if (parse_l3(skb->head + skb->network_header, &key.k)) {
+		if (key_packet(skb->head + skb->network_header, 0, skb_tail(skb), &key, false)) {
 			record_packet(&key, MS_DIR_TX, dev ? dev->ifindex : 0, skb_segs(skb));
 			return;
 		}
@@ -246,63 +374,27 @@ int ms_xdp_rx(struct xdp_md *ctx)
 	void *end = (void *)(long)ctx->data_end;
 	union flow_key key = {};
 	struct ethhdr *eth = data;
+	__u32 off = sizeof(*eth);
 	__u16 proto;
-	void *l4;
-	__u8 ip_proto;
 
 	if ((void *)(eth + 1) > end)
 		return XDP_PASS;
 	proto = bpf_ntohs(eth->h_proto);
-	data = eth + 1;
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
-		struct vlan_hdr *vh = data;
+		struct vlan_hdr *vh = data + off;
 
 		if (proto != ETH_P_8021Q_ && proto != ETH_P_8021AD_)
 			break;
 		if ((void *)(vh + 1) > end)
 			return XDP_PASS;
 		proto = bpf_ntohs(vh->h_vlan_encapsulated_proto);
-		data = vh + 1;
+		off += sizeof(*vh);
 	}
-	if (proto == ETH_P_IP_) {
-		struct iphdr *ip = data;
-		__u8 ihl;
-
-		if ((void *)(ip + 1) > end)
-			goto unparsed;
-		ihl = ((__u8 *)ip)[0] & 0xf;
-		if (ihl < 5 || (bpf_ntohs(ip->frag_off) & 0x1fff))
-			goto unparsed;
-		__builtin_memcpy(key.k.saddr, &ip->saddr, 4);
-		__builtin_memcpy(key.k.daddr, &ip->daddr, 4);
-		key.k.family = AF_INET_;
-		ip_proto = ip->protocol;
-		l4 = data + ihl * 4;
-	} else if (proto == ETH_P_IPV6_) {
-		struct ipv6hdr *ip6 = data;
-
-		if ((void *)(ip6 + 1) > end)
-			goto unparsed;
-		__builtin_memcpy(key.k.saddr, &ip6->saddr, 16);
-		__builtin_memcpy(key.k.daddr, &ip6->daddr, 16);
-		key.k.family = AF_INET6_;
-		ip_proto = ip6->nexthdr;
-		l4 = ip6 + 1;
-	} else {
-		goto unparsed;
-	}
-	if (ip_proto != IPPROTO_TCP_ && ip_proto != IPPROTO_UDP_)
-		goto unparsed;
-	if (l4 + 4 > end)
-		goto unparsed;
-	key.k.proto = ip_proto;
-	key.k.sport = ((__u16 *)l4)[0];
-	key.k.dport = ((__u16 *)l4)[1];
-	record_packet(&key, MS_DIR_RX, ctx->ingress_ifindex, 1);
-	return XDP_PASS;
-unparsed:
-	record_unparsed();
+	if ((proto == ETH_P_IP_ || proto == ETH_P_IPV6_) && key_packet(data, off, end, &key, true))
+		record_packet(&key, MS_DIR_RX, ctx->ingress_ifindex, 1);
+	else
+		record_unparsed();
 	return XDP_PASS;
 }
 

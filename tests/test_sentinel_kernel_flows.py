@@ -20,7 +20,7 @@ from netns import IFINDEX_A, IFINDEX_B, NetnsPair, netns_pair
 from sentinel_source import CLOCK, drain
 from strategies import every, run_or_skip
 
-from meridian.tools.sentinel.model.records import Event
+from meridian.tools.sentinel.model.records import FLOW_HISTORY_NS, Event
 from meridian.tools.sentinel.sources.kernel import STRATEGIES, KernelSource
 
 pytestmark = pytest.mark.kernel
@@ -124,10 +124,11 @@ def test_flow_attribution_over_veth(strategy: str) -> None:
     # instruction and the stream is slow (tests/kernel_matrix.py).
     assert len(with_flow) >= 20
     assert share > 0.5  # most of the attributed samples land on the stream
-    # A packet's context lasts MS_FLOW_SKID_NS (200 us): a CPU busy after its last
-    # packet is sampled, and no sample past 200 us (and a margin for the RX of that
-    # packet, in a softirq on the same CPU) is charged to the packet or the stream.
-    margin = round(patience(0.001) * 1e9)
+    # A packet's context lasts MS_FLOW_SKID_NS (200 us), and MS_HISTORY_LEN times that
+    # in the CPU's history (3.2 ms): a CPU busy after its last packet is sampled, and no
+    # sample past that (and a margin for the RX of that packet, in a softirq on the
+    # same CPU) is charged to the packet or the stream.
+    margin = FLOW_HISTORY_NS + round(patience(0.001) * 1e9)
     for cpu, (mark, sent) in marks.items():
         later = samples[(samples["cpu"] == cpu) & (samples["time_ns"] > sent + margin)]
         later = later[later["time_ns"] < sent + round(patience(0.3) * 1e9)]

@@ -28,7 +28,9 @@ __all__ = [
     "CONTEXT_DTYPE",
     "DIRECTION_NAMES",
     "EVENT_NAMES",
+    "FLOW_HISTORY_NS",
     "FLOW_SKID_NS",
+    "HISTORY_LEN",
     "IDLE",
     "OBJECT",
     "RX",
@@ -50,6 +52,10 @@ __all__ = [
 
 OBJECT = "sentinel"  # bpfobj/sentinel.bpf.o
 FLOW_SKID_NS = 200_000  # MS_FLOW_SKID_NS: a sample may land this long after its packet
+HISTORY_LEN = 16  # MS_HISTORY_LEN: packet contexts kept per CPU
+# Past the skid window, a sample takes the newest packet of its CPU's history within
+# this (seed 003 §5.1): MS_HISTORY_LEN x MS_FLOW_SKID_NS.
+FLOW_HISTORY_NS = HISTORY_LEN * FLOW_SKID_NS
 RX, TX = 0, 1  # enum ms_direction
 # Not the kernel's: the aggregator's direction for a sample whose instruction was the
 # kernel's idle code (symbols/kallsyms.py), charged to no flow (flow 0). Flow 0 has no
