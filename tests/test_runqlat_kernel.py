@@ -98,8 +98,9 @@ def test_each_process_waits_what_its_schedstat_says(strategy: str) -> None:
     more than switch-ins: an event no BPF program received, not in the programs'
     recursion_misses). So the bound is 5% of a process's waits, and the sum (which
     a missed wait of several ms would move) is checked where the counts are equal:
-    within 1% and 5 us a wait (times the guest's slowdown), the difference of two clocks (the kernel's rq clock, read before the
-    tracepoint; bpf_ktime_get_ns() in it): a few microseconds per wait, 0.03% here.
+    within 1% and 5 us a wait (times the guest's slowdown), the difference of two
+    clocks (the kernel's rq clock, read before the tracepoint; bpf_ktime_get_ns() in
+    it): a few microseconds per wait, 0.03% here.
 
     The histogram map allocates an entry at a process's first wait, in the scheduler's
     tracepoint (BPF_F_NO_PREALLOC: preallocated per-CPU entries would take hundreds of
