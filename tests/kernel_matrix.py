@@ -43,6 +43,7 @@ DEFAULT_TESTS = (
     "tests/test_runqlat_kernel.py::test_each_process_waits_what_its_schedstat_says",
     "tests/test_sentinel_kernel_flows.py::test_flow_attribution_over_veth",
     "tests/test_sentinel_kernel_agent.py",
+    "tests/test_sentinel_kernel_tunnels.py",
     "tests/test_bpf_kernel.py::test_every_feature_probe_equals_the_independent_fact",
     "tests/test_bpf_kernel.py::test_every_tool_chooses_the_strategy_the_host_facts_predict",
     "tests/test_bpf_kernel.py::test_doctor_says_why_fentry_and_kprobes_are_refused",
