@@ -1,8 +1,9 @@
-"""`meridian sentinel` as a person runs it, on the real kernel, with real traffic: an
-iperf3 stream between two network namespaces goes through the kernel program, the
-runtime and the outputs, and shows in /metrics (its flows by 5-tuple, both
-directions), in the --json windows and in the summary (the same counts), with the
-kernel functions and stacks it was paid in."""
+"""`meridian sentinel` as a person runs it, on the real kernel: an iperf3 stream
+between two network namespaces goes through the kernel program, the runtime and the
+outputs, and shows in /metrics (its flows by 5-tuple, both directions), in the --json
+windows and in the summary (the same counts), with the kernel functions and stacks it
+was paid in; and at the defaults, busy CPUs switch the agent to diagnostic mode and
+idle ones back, in ms_agent_mode."""
 
 from __future__ import annotations
 
@@ -103,3 +104,45 @@ def test_a_stream_through_the_agent_to_metrics_json_and_summary(tmp_path: Path) 
     assert names & symbols, names
     frames = [frame for row in rows for stack in row["stacks"] for frame in stack["frames"]]
     assert any(frame.startswith("tcp_") and "([kernel])" in frame for frame in frames), frames
+
+
+def mode(port: int) -> float | None:
+    fams = metrics(port)
+    if "ms_agent_mode" not in fams:
+        return None
+    (sample,) = fams["ms_agent_mode"].samples
+    return float(sample.value)
+
+
+def test_busy_cpus_switch_to_diagnostic_and_back_at_the_defaults(tmp_path: Path) -> None:
+    """-F 99 and a budget of 1000/s: the busy samples/s (idle ones left out) reach 0.9
+    of the 99/s per CPU the events deliver when every CPU is busy, and fall under 0.5
+    of it when they idle again (the host must be otherwise quiet: CI)."""
+    port = free_port()
+    err = tmp_path / "stderr"
+    loop = "import time\nt = time.monotonic() + 120\nwhile time.monotonic() < t: pass\n"
+    with open(err, "w") as err_file:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "meridian", "sentinel", "--metrics-port", str(port), "-v"],
+            stdout=subprocess.DEVNULL, stderr=err_file, text=True,
+        )  # fmt: skip
+        loops: list[subprocess.Popen[bytes]] = []
+        try:
+            wait_until(lambda: "strategy:" in err.read_text(), 60, "the agent attached")
+            wait_until(lambda: mode(port) == 0, 30, "sentinel mode at the start")
+            loops = [
+                subprocess.Popen([sys.executable, "-c", loop]) for _ in range(os.cpu_count() or 1)
+            ]
+            wait_until(lambda: mode(port) == 1, 30, "diagnostic mode with every CPU busy")
+            for child in loops:
+                reap(child)
+            wait_until(lambda: mode(port) == 0, 30, "sentinel mode once the CPUs idle")
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(patience(30))
+            assert agent.returncode == 0, err.read_text()
+        finally:
+            for child in loops:
+                reap(child)
+            reap(agent)
+    said = err.read_text()
+    assert "mode diagnostic: samples/s" in said and "mode sentinel: samples/s" in said, said

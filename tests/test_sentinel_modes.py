@@ -54,6 +54,18 @@ def test_thresholds_scale_with_cpus() -> None:
     assert run(mc, [3599, 3600, 2000, 1999]) == [S, D, D, S]
 
 
+def test_thresholds_are_shares_of_what_the_source_can_deliver() -> None:
+    """-F 99 with one event open delivers 99/s per CPU however busy: the thresholds
+    are 0.9 and 0.5 of that, not of the budget of 1000 (which it never reaches)."""
+    mc = ModeController(cfg(), Clock(), cpus=2)
+    mc.set_limit(99.0)  # high 178.2, low 99
+    assert run(mc, [150, 178, 179, 120, 100, 98]) == [S, S, D, D, D, S]
+    mc.set_limit(5000.0)  # above the budget: the budget bounds it (high 1800)
+    assert run(mc, [1799, 1800]) == [S, D]
+    mc.set_limit(None)
+    assert (mc.high, mc.low) == (1800, 1000)
+
+
 def test_initial_diagnostic_and_no_auto() -> None:
     assert run(ModeController(cfg(initial="diagnostic"), Clock()), [600, 400]) == [D, S]
     fixed = ModeController(cfg(auto=False), Clock())

@@ -196,6 +196,7 @@ class Consumer:
         opened = getattr(src, "opened", None)
         self.state.events = [str(e.name) for e in (opened if opened is not None else group)]
         self.state.source_name = src.name
+        self.state.frequency = getattr(src, "frequency", None)
 
     def _switch_events(self, group: Sequence[Any]) -> None:
         """A group asked for while running (rotation, mode, the API): one the source

@@ -10,6 +10,7 @@ from dataclasses import KW_ONLY, dataclass, field
 
 import numpy as np
 
+from ..model.records import IDLE
 from ..model.rollup import UNRESOLVED
 from ..model.rollup import rollups as to_rollups
 from ..model.window import Totals, Window, WindowInfo, flow_stats
@@ -77,7 +78,10 @@ class Flusher:
         offered_drops, self._last_offered_drops = drops - self._last_offered_drops, drops
         sps = delivered / seconds
         if not final:
-            self.plan.decide(sps, (delivered + max(offered_drops, 0)) / seconds, now)
+            # the mode follows the busy rate: a sampled idle CPU is not load
+            idle = int(rows["samples"][rows["direction"] == IDLE].sum())
+            busy = max(delivered - idle, 0) / seconds
+            self.plan.decide(busy, (delivered + max(offered_drops, 0)) / seconds, now)
         mode, scale = self.plan.mode_and_scale()
         info = WindowInfo(
             seconds=seconds,

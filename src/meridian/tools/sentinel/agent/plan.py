@@ -46,12 +46,15 @@ class Plan:
         with self.state.lock:
             return self.mode, self.rotator.scale
 
-    def decide(self, delivered_per_sec: float, offered_per_sec: float, now: int) -> None:
-        """A window's decisions: the mode (hysteresis, anomaly hold) and the safety level."""
+    def decide(self, busy_per_sec: float, offered_per_sec: float, now: int) -> None:
+        """A window's decisions: the mode (hysteresis on the busy rate, anomaly hold)
+        and the safety level (on the offered rate)."""
         cfg = self.state.cfg
         with self.state.lock:
             before = self.mode
-            mode = self.modes.update(delivered_per_sec, now)
+            freq, events = self.state.frequency, len(self.state.events)
+            self.modes.set_limit(freq * events if freq and events else None)
+            mode = self.modes.update(busy_per_sec, now)
             level_before = self.governor.level
             level = self.governor.update(offered_per_sec, cfg.budget(mode.label) * self.cpus)
             group = self._switch(mode, now) if mode != before else None

@@ -134,6 +134,9 @@ class RuntimeState:
         # the consumer's: what the source delivered and what was kept
         self.source_name = "-"
         self.events: list[str] = []  # what the source really samples (after a fallback)
+        # samples/s per event and CPU of a source that samples at a fixed frequency
+        # (the kernel's -F), None for one without (the mock)
+        self.frequency: float | None = None
         self.delivered = 0  # samples polled, cumulative
         self.kept = 0  # after the target filter
         self.dropped: dict[str, int] = {}

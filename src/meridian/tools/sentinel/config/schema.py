@@ -147,10 +147,10 @@ class ModeConfig(Settings):
     initial: ModeName = _key("sentinel", "mode at start: sentinel or diagnostic (--mode)")
     auto: bool = _key(True, "switch modes on samples/s (hysteresis) and anomaly signals")
     hysteresis_high: NotNegative = _key(
-        0.9, "to diagnostic when samples/s >= this x sentinel budget"
+        0.9, "to diagnostic when busy samples/s >= this x what sentinel mode can deliver"
     )
     hysteresis_low: NotNegative = _key(
-        0.5, "back to sentinel when samples/s < this x sentinel budget"
+        0.5, "back to sentinel when busy samples/s < this x what sentinel mode can deliver"
     )
     shed_high: NotNegative = _key(
         1.0, "shed heavy when offered samples/s > this x the mode's budget"

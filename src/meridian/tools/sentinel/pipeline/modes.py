@@ -1,10 +1,14 @@
 """Which mode the agent samples in, and how hard it may sample.
 
 `ModeController` switches between sentinel (cheap events, low budget) and diagnostic
-(richer events, higher budget) with hysteresis on the delivered samples/s, so a rate
-near one threshold does not flap: sentinel goes to diagnostic when the rate reaches
-`hysteresis_high` x the sentinel budget (the cheap budget is nearly used up: something
-is happening) and comes back when it falls below `hysteresis_low` x that budget. An
+(richer events, higher budget) with hysteresis on the busy samples/s (delivered, less
+those in the kernel's idle code), so a rate near one threshold does not flap: sentinel
+goes to diagnostic when the rate reaches `hysteresis_high` x what sentinel mode can
+deliver (the cheap budget is nearly used up: something is happening) and comes back
+when it falls below `hysteresis_low` x that. What it can deliver per CPU is its budget,
+or less where the source samples each event at a fixed frequency: F x the events open
+(`set_limit`; the kernel's -F 99 with one event delivers 99/s however busy the CPU,
+far under a budget of 1000, so thresholds on the budget alone would never be reached). An
 anomaly forces diagnostic mode for `refractory_period`; triggers inside that period
 are ignored, so a long outage does not hold the mode forever. The control plane can
 pin a mode (`force`), which wins over both until released.
@@ -56,9 +60,11 @@ class ModeController:
 
     def __init__(self, cfg: SentinelConfig, clock: Clock = time.monotonic_ns, cpus: int = 1):
         self.clock = clock
-        budget = cfg.perf.sentinel_samples_per_sec * max(1, cpus)
-        self.high = cfg.mode.hysteresis_high * budget
-        self.low = cfg.mode.hysteresis_low * budget
+        self.cpus = max(1, cpus)
+        self.budget = cfg.perf.sentinel_samples_per_sec
+        self.high_share, self.low_share = cfg.mode.hysteresis_high, cfg.mode.hysteresis_low
+        self.high = self.low = 0.0
+        self.set_limit(None)
         self.auto = cfg.mode.auto
         self.base = Mode.parse(cfg.mode.initial)
         self.refractory_ns = round(cfg.anomaly.refractory_period * 1e9)
@@ -66,6 +72,13 @@ class ModeController:
         self.pinned: Mode | None = None
         self.forced_until = 0  # ns: diagnostic held by an anomaly until then
         self.reason = f"initial ({cfg.mode.initial})"
+
+    def set_limit(self, per_cpu: float | None) -> None:
+        """What the source can deliver per CPU at most (None: no limit but the
+        budget); the thresholds are shares of the lower of the two."""
+        capacity = self.budget if per_cpu is None else min(self.budget, per_cpu)
+        self.high = self.high_share * capacity * self.cpus
+        self.low = self.low_share * capacity * self.cpus
 
     def _set(self, mode: Mode, reason: str) -> Mode:
         if mode != self.mode:
