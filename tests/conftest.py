@@ -51,6 +51,10 @@ HARDWARE_SKIPS = {
         "the software fallback happens only where the PMU is missing (a VM without a "
         "virtual PMU); on bare metal the hardware path runs and its unit tests cover it"
     ),
+    "tests/test_sentinel_lbr.py::test_refused_where_the_cpu_has_no_lbr": (
+        "--lbr is refused only where the CPU records no branches (a VM without LBR "
+        "passthrough); with an LBR it runs, and the probe's unit tests cover the refusal"
+    ),
 }
 
 

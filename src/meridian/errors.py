@@ -8,7 +8,8 @@ MeridianError                 one line a person can act on; `exit_code` for the 
 │   ├── TracefsMissing        tracefs absent and cannot be mounted
 │   ├── ObjectMissing         the compiled BPF object is not built
 │   ├── LibbpfMissing         no libbpf.so.1 on the system
-│   └── ExtraMissing          an optional Python extra is not installed
+│   ├── ExtraMissing          an optional Python extra is not installed
+│   └── NoLBR                 branch records asked for, and the CPU records none
 ├── NotSupported              a kernel feature is absent; tools catch it and fall back
 └── BpfError                  a libbpf call failed: call, errno, detail
     ├── VerifierError         the verifier rejected a program (log tail attached)
@@ -28,6 +29,7 @@ __all__ = [
     "MapFull",
     "MeridianError",
     "NoBTF",
+    "NoLBR",
     "NotSupported",
     "ObjectMissing",
     "PermissionProblem",
@@ -85,6 +87,11 @@ class LibbpfMissing(EnvironmentProblem):
 class ExtraMissing(EnvironmentProblem):
     def __init__(self, feature: str, extra: str) -> None:
         super().__init__(f"{feature} needs an optional part: pip install 'meridian-ebpf[{extra}]'")
+
+
+class NoLBR(EnvironmentProblem):
+    """Branch records (LBR) asked for where the PMU records none: the message says
+    why (the probe's errno) and what to do."""
 
 
 class NotSupported(MeridianError):

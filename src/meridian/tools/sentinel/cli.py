@@ -25,6 +25,7 @@ EXAMPLES = """examples:
   meridian sentinel --samples-per-sec 500 --hard-drop-ns 1000000   # per-CPU budget
   meridian sentinel --interface eth0           # diagnostic mode when eth0's throughput drops
   meridian sentinel --xdp eth0 -p 1234         # XDP flow hook on eth0; only PID 1234
+  meridian sentinel --lbr --raw-samples --data-dir /var/lib/ms   # samples with their branches
   meridian sentinel --json --duration 10       # one JSON object per flush window
   meridian sentinel --metrics-port 9102 --metrics-address 0.0.0.0   # /metrics for all
   meridian sentinel --api-port 9103 --api-token-file tok   # HTTP control plane on /api/v1
@@ -79,6 +80,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "watch this interface's throughput (repeatable; default all but lo)",
     )
     _repeated(p, "--xdp", "IFACE", "add an XDP flow-context hook on this interface (repeatable)")
+    lbr = "each sample's last branches (LBR) too, stored with --raw-samples: branch-stack "
+    lbr += "(alone: the sample's own records), snapshot or off; refused where the CPU has no LBR"
+    p.add_argument("--lbr", nargs="?", const="on", metavar="MODE", help=lbr)
     add_pid(p, "only this process (repeatable, or PID,PID)")
     p.add_argument("--metrics-port", metavar="PORT", help="serve /metrics here (0: any port)")
     p.add_argument("--metrics-address", metavar="HOST", help="address of /metrics")
@@ -137,7 +141,12 @@ def _interfaces() -> list[str]:
 
 def check_host(cfg: Any, proc_root: str = "/proc") -> None:
     """What the host must have, checked before anything starts: the interfaces and
-    processes named."""
+    processes named, and an LBR where branch records are asked for (the mock makes
+    its own)."""
+    if not cfg.mock.enabled:
+        from .sources.lbr import require_lbr
+
+        require_lbr(cfg.perf.lbr)
     have = _interfaces()
     for flag, names in (
         ("--interface", cfg.anomaly.interfaces),

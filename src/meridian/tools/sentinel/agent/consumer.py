@@ -16,6 +16,7 @@ import numpy as np
 from ....errors import MeridianError
 from ..model.records import SampleSource
 from ..pipeline.aggregator import Aggregator
+from ..pipeline.branches import BranchJoin
 from ..pipeline.clock import ClockCalibrator
 from ..pipeline.resolver import RuntimeNames
 from ..pipeline.skew import SkewAdjuster
@@ -80,6 +81,7 @@ class Consumer:
     cpus: Sequence[int]
     skew: SkewAdjuster = field(init=False)
     flows: FlowNamer = field(init=False)
+    branches: BranchJoin = field(init=False, default_factory=BranchJoin)  # LBR records
     _contexts: Any = field(init=False)  # packet contexts for the skew
     # event groups the source could not open (said once)
     _refused: set[str] = field(init=False, default_factory=set)
@@ -169,16 +171,20 @@ class Consumer:
         self._take(samples, lbr)
         rest = self.skew.flush()
         if len(rest):
-            self._add(self.targets.apply(rest), lbr[:0])
+            kept = self.targets.apply(rest)
+            self._add(kept, self.branches.take(kept))
 
     def _take(self, samples: Array, lbr: Array) -> None:
         ctx = self._contexts() if self._contexts is not None else None
         if not len(samples) and (ctx is None or not len(ctx)) and not self.skew.pending:
             return
         self.state.delivered += len(samples)
+        self.branches.add(lbr, samples)
         ready = self.skew.push(samples, ctx, now_ns=self.state.clock())
         self.flows.update(self.source, ready["flow_id"])
-        self._add(self.targets.apply(ready), lbr)
+        kept = self.targets.apply(ready)
+        # each batch with the branch records of its own samples (some were held back)
+        self._add(kept, self.branches.take(kept, self.skew.waiting()))
 
     def _add(self, samples: Array, lbr: Array) -> None:
         if not len(samples):

@@ -48,9 +48,13 @@ def make_source(cfg: SentinelConfig, warn: Callable[[str], None]) -> SampleSourc
         from ..sources.mock import MockSource
 
         return MockSource(
-            period_ms=cfg.mock.period_ms, rng_seed=cfg.mock.rng_seed, rate=cfg.mock.rate
+            period_ms=cfg.mock.period_ms,
+            rng_seed=cfg.mock.rng_seed,
+            rate=cfg.mock.rate,
+            lbr=cfg.perf.lbr != "off",
         )
     from ..sources.kernel import KernelSource
+    from ..sources.lbr import MODES
 
     mode = cfg.mode.initial
     first = parse_groups(cfg.groups(mode), f"perf.{mode}_groups")[0]
@@ -63,6 +67,7 @@ def make_source(cfg: SentinelConfig, warn: Callable[[str], None]) -> SampleSourc
         hard_drop_ns=cfg.perf.hard_drop_ns,
         xdp=cfg.perf.xdp_interfaces,
         pids=cfg.targets.pids,
+        lbr=MODES[cfg.perf.lbr],
         warn=warn,
     )
     return src.open()
@@ -82,8 +87,8 @@ def ring_bytes(offered_per_sec: int) -> int:
     return 1 << (want - 1).bit_length()
 
 
-def describe(src: SampleSource) -> list[str]:
-    """-v: the strategy and the event source."""
+def describe(src: SampleSource, lbr: str = "off") -> list[str]:
+    """-v: the strategy, the event source and the branch records (perf.lbr)."""
     strategy = getattr(src, "strategy", None)
     hooks = getattr(src, "hooks", None)
     if strategy is None:
@@ -95,6 +100,9 @@ def describe(src: SampleSource) -> list[str]:
     if opened is not None and "fallback" in name:
         name = name.replace("(software fallback)", "(software: no PMU here)")
     lines.append(f"events: {name}")
+    if lbr != "off":
+        how = "synthetic" if strategy is None else lbr
+        lines.append(f"branch records: {how} (ms_raw_samples.lbr_from/lbr_to, --raw-samples)")
     return lines
 
 
@@ -140,7 +148,7 @@ def run_cli(cfg: SentinelConfig, out: TextIO, err: TextIO) -> int:
         if held:
             raise KeyboardInterrupt
         if cfg.run.verbose and rt.source is not None:
-            for line in describe(rt.source):
+            for line in describe(rt.source, cfg.perf.lbr):
                 log(line)
         if services.metrics_server is not None and cfg.run.verbose:
             port = services.metrics_server.port

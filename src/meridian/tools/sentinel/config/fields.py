@@ -43,6 +43,7 @@ __all__ = [
     "EventName",
     "HardDropNs",
     "IfName",
+    "LbrMode",
     "ModeName",
     "Pid",
     "Port",
@@ -146,6 +147,18 @@ IfName = Annotated[
     rule("an interface name has 1 to 15 characters, no '/', ':' or space"),
 ]
 ModeName = Literal["sentinel", "diagnostic"]
+
+
+def _lbr_mode(value: Any) -> Any:
+    """YAML's on/off/true/false (booleans to PyYAML) and a bare `--lbr` ("on"): on is
+    branch-stack, the sample's own branch records (sources/lbr.py)."""
+    if value is True or value == "on":
+        return "branch-stack"
+    return "off" if value is False else value
+
+
+# sources/lbr.py's MODES, by name
+LbrMode = Annotated[Literal["off", "branch-stack", "snapshot"], BeforeValidator(_lbr_mode)]
 
 
 def _event_pattern() -> str:

@@ -137,6 +137,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "hard_drop_ns": ("perf.hard_drop_ns", "--hard-drop-ns"),
     "interface": ("anomaly.interfaces", "--interface"),
     "xdp": ("perf.xdp_interfaces", "--xdp"),
+    "lbr": ("perf.lbr", "--lbr"),
     "pid": ("targets.pids", "-p/--pid"),
     "metrics_port": ("metrics.listen_port", "--metrics-port"),
     "metrics_address": ("metrics.listen_address", "--metrics-address"),

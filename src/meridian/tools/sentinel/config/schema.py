@@ -26,6 +26,7 @@ from .fields import (
     EventGroups,
     HardDropNs,
     IfName,
+    LbrMode,
     ModeName,
     Port,
     U32Int,
@@ -139,6 +140,11 @@ class PerfConfig(Settings):
     ] = _key(1.0, "seconds each event group holds the PMU")
     max_events_per_group: OneOrMore = _key(4, "most events opened together in normal safety level")
     xdp_interfaces: list[IfName] = _list("interfaces with an XDP flow-context hook (--xdp)")
+    lbr: LbrMode = _key(
+        "off",
+        "branch records (LBR) of each sample, in ms_raw_samples: off, branch-stack (on) "
+        "or snapshot (--lbr); refused where the CPU has no LBR",
+    )
 
 
 class ModeConfig(Settings):

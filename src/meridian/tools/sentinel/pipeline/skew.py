@@ -153,6 +153,10 @@ class SkewAdjuster:
     def pending(self) -> int:
         return 0 if self._pending is None else len(self._pending)
 
+    def waiting(self) -> Array | None:
+        """The samples held now (read only), None when none."""
+        return self._pending if self._pending is not None and len(self._pending) else None
+
     def flush(self) -> Array:
         """Everything still waiting, as flow 0 (at stop)."""
         out = self._pending

@@ -24,6 +24,7 @@ from ....bpf import BpfObject, Link, RingBuffer, Strategy, choose, hook_exists
 from ....bpf.perf import online_cpus, open_attr_per_cpu
 from ....errors import NotSupported, UsageError
 from ....session import Session
+from .lbr import LBR_BRANCH_STACK, LBR_OFF, LBR_SNAPSHOT, MODES, require_lbr
 from .pmu_events import LOGICAL, EventSpec
 from .stackmaps import STACK_ENTRIES, STACK_MAPS, StackSides
 
@@ -69,7 +70,8 @@ DROP_REASONS = ("token_bucket", "hard_drop", "ring_full")  # lbr_ring_full: the
 # sample went out without its branches, so it is in counters(), not a lost sample
 MAX_SLOTS = 16  # MS_MAX_EVENTS: cookie slots
 SLOT_DATA_ADDR = 1  # MS_SLOT_DATA_ADDR
-LBR_OFF, LBR_SNAPSHOT, LBR_BRANCH_STACK = 0, 1, 2
+# an ms_lbr record is ~4x a sample's: its ring holds as many seconds (a page when off)
+LBR_RING_RATIO, LBR_RING_MAX = 4, 1 << 26
 
 
 # logical events whose codes are Intel's (events.py): other vendors take raw codes
@@ -151,8 +153,8 @@ class KernelSource(Session):
         """`frequency` (-F) is per event and CPU; `samples_per_sec` (0: no limit) and
         `hard_drop_ns` are the per-CPU token bucket; `headroom_s` of budget is the most
         an idle CPU saves up; `xdp` names interfaces for the XDP RX hook; `lbr` is
-        LBR_OFF, LBR_SNAPSHOT or LBR_BRANCH_STACK; `stack_entries` sizes each of the
-        two stack maps."""
+        LBR_OFF, LBR_SNAPSHOT or LBR_BRANCH_STACK (lbr.py: refused, NoLBR, where the
+        CPU records no branches); `stack_entries` sizes each of the two stack maps."""
         if frequency <= 0:
             raise UsageError(f"-F {frequency}: the sampling frequency must be positive")
         limit = _max_sample_rate()
@@ -168,7 +170,11 @@ class KernelSource(Session):
         self.headroom_s = headroom_s
         self.xdp = {name: _ifindex(name) for name in xdp}
         self.stacks = stacks
+        if lbr not in MODES.values():
+            raise ValueError(f"lbr {lbr}: not one of {sorted(MODES.values())}")
+        require_lbr(next(k for k, v in MODES.items() if v == lbr))
         self.lbr = lbr
+        self._no_branches: set[str] = set()  # events opened without them (said once)
         self.ring_bytes = ring_bytes
         self.warn = warn
         self.strategy = _pick(strategy)
@@ -205,6 +211,9 @@ class KernelSource(Session):
         self._sample_dtype = obj.btf.struct_dtype("ms_sample")
         self._lbr_dtype = obj.btf.struct_dtype("ms_lbr")
         obj.resize("ms_events", self.ring_bytes)
+        page = os.sysconf("SC_PAGE_SIZE")
+        lbr_bytes = min(self.ring_bytes * LBR_RING_RATIO, LBR_RING_MAX) if self.lbr else page
+        obj.resize("ms_lbr_events", lbr_bytes)
         for name in STACK_MAPS:
             obj.resize(name, self.stack_entries)
         obj.set_rodata(
@@ -451,14 +460,13 @@ class KernelSource(Session):
         return list(self._opened)
 
     def _open(self, spec: EventSpec) -> tuple[list[int], EventSpec]:
-        attr = spec.attr(freq=self.frequency, lbr=self.lbr == LBR_BRANCH_STACK and spec.hardware)
         try:
             if spec.name in INTEL_CODED and _cpu_vendor() != "GenuineIntel":
                 # The same raw code means another event elsewhere: never count it.
                 raise NotSupported(
                     spec.name, f"its code is Intel's and this CPU is {_cpu_vendor() or 'unknown'}"
                 )
-            return open_attr_per_cpu(attr, cpus=online_cpus()), spec
+            return self._open_branches(spec), spec
         except NotSupported as exc:
             if not spec.hardware:
                 raise
@@ -470,3 +478,19 @@ class KernelSource(Session):
                 self._warned = True
         clock = LOGICAL["cpu-clock"]
         return open_attr_per_cpu(clock.attr(freq=self.frequency), cpus=online_cpus()), clock
+
+    def _open_branches(self, spec: EventSpec) -> list[int]:
+        """A hardware event with a branch stack where branch records are on: both
+        modes need one (the sample's own records, or an LBR kept recording for the
+        snapshot). An event that refuses one (the probe's cycles took it) is sampled
+        without, said once."""
+        if self.lbr == LBR_OFF or not spec.hardware:
+            return open_attr_per_cpu(spec.attr(freq=self.frequency), cpus=online_cpus())
+        try:
+            return open_attr_per_cpu(spec.attr(freq=self.frequency, lbr=True), cpus=online_cpus())
+        except NotSupported as exc:
+            fds = open_attr_per_cpu(spec.attr(freq=self.frequency), cpus=online_cpus())
+            if spec.name not in self._no_branches:
+                self._no_branches.add(spec.name)
+                self.warn(f"{spec.name} takes no branch stack ({exc.reason}): sampled without")
+            return fds

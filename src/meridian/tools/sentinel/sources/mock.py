@@ -8,7 +8,8 @@ a seed and a clock. Scripted (`MockSource.from_samples`): known arrays, one per 
 e.g. HITM samples on a shared cache line, or remote-DRAM samples on a NUMA node
 (`make_samples` builds them). Both obey `set_budget` (a per-CPU token bucket with a
 hard-drop window, drops counted by reason like the kernel's), `set_events` and
-`set_targets`.
+`set_targets`. With `lbr` (`--lbr`), every sample kept that lies in a mock function
+comes with synthetic branch records (mock_branches.py), as the kernel's with an LBR.
 """
 
 from __future__ import annotations
@@ -34,27 +35,25 @@ from ..model.records import (
     empty_samples,
     take,
 )
+from .mock_branches import branch_stacks
+from .mock_layout import FUNC_SIZE, FUNCTIONS, JIT_BASE, PIDS, func_start
 
 if TYPE_CHECKING:
     from .pmu_events import EventSpec
 
-__all__ = ["DEFAULT_FLOWS", "MockFlow", "MockSource", "make_samples"]
+__all__ = [
+    "DEFAULT_FLOWS",
+    "FUNCTIONS",
+    "FUNC_SIZE",
+    "JIT_BASE",
+    "PIDS",
+    "MockFlow",
+    "MockSource",
+    "make_samples",
+]
 
 Array = np.ndarray[Any, Any]
 NO_STACK = -14  # -EFAULT: what bpf_get_stackid returns without a stack
-PIDS = (4201, 4202)  # fake processes (nothing is looked up in /proc for them)
-JIT_BASE = 0x7F00_0000_0000
-FUNC_SIZE = 0x400
-# name, caller (index into FUNCTIONS, -1: none), weight of samples landing in it
-FUNCTIONS = (
-    ("mock_main", -1, 0.02),
-    ("mock_rx_poll", 0, 0.12),
-    ("mock_tcp_recv", 1, 0.20),
-    ("mock_parse_request", 2, 0.22),
-    ("mock_hash_lookup", 3, 0.16),
-    ("mock_memcpy", 2, 0.18),
-    ("mock_tx_send", 0, 0.10),
-)
 SHARED_LINES = 0x7F10_0000_0000  # cache lines that HITM samples point at
 HEAP = 0x7F20_0000_0000  # remote-DRAM samples' addresses
 RING_SAMPLES = 1 << 18  # per poll; beyond this the "ring" is full
@@ -93,10 +92,6 @@ def make_samples(n: int, **fields: Any) -> Array:
     return out
 
 
-def _func_start(pid_index: int, func: int) -> int:
-    return JIT_BASE + (pid_index << 24) + func * FUNC_SIZE
-
-
 class MockSource:
     """SampleSource without a kernel. `clock` is CLOCK_MONOTONIC ns (the samples'
     time base, as bpf_ktime_get_ns), `sleep` waits in poll: both injectable."""
@@ -114,6 +109,7 @@ class MockSource:
         flows: Sequence[MockFlow] = DEFAULT_FLOWS,
         sleep: Callable[[float], None] = time.sleep,
         ring_samples: int = RING_SAMPLES,
+        lbr: bool = False,
     ) -> None:
         if period_ms <= 0:
             raise ValueError("period_ms must be positive")
@@ -123,6 +119,7 @@ class MockSource:
         self.clock = clock
         self.sleep = sleep
         self.ring_samples = ring_samples
+        self.lbr = lbr
         self.flows = tuple(flows)
         self._rng = np.random.default_rng(rng_seed)
         self._events: list[tuple[int, int]] = [(Event.CYCLES, 0)]
@@ -196,7 +193,7 @@ class MockSource:
                 return empty_samples(0), empty_lbr(0)
             batch = self._script.popleft()
             out = self._obey(batch, int(batch["time_ns"].max()) if len(batch) else self.clock())
-            return out, empty_lbr(0)
+            return out, self._branches(out)
         now = self.clock()
         due = self._last + self.period_ns
         if now < due:
@@ -213,7 +210,17 @@ class MockSource:
         if n > self.ring_samples:
             self._dropped["ring_full"] += n - self.ring_samples
             n = self.ring_samples
-        return self._obey(self._generate(n, start, end), end), empty_lbr(0)
+        out = self._obey(self._generate(n, start, end), end)
+        return out, self._branches(out)
+
+    def _branches(self, samples: Array) -> Array:
+        """With `lbr`: the branch records of the samples kept (the kernel takes them
+        after the token bucket), their count in each sample's lbr_nr."""
+        if not self.lbr or not len(samples):
+            return empty_lbr(0)
+        lbr = branch_stacks(samples)
+        samples["lbr_nr"] = lbr["nr"]
+        return take(lbr, lbr["nr"] > 0)
 
     def new_flows(self) -> dict[int, FlowKey]:
         out, self._new = self._new, {}
@@ -260,7 +267,7 @@ class MockSource:
         """(pid, start, end, name) of each mock function: register them as JIT
         regions so mock samples symbolize."""
         return [
-            (pid, _func_start(p, f), _func_start(p, f) + FUNC_SIZE, name)
+            (pid, func_start(p, f), func_start(p, f) + FUNC_SIZE, name)
             for p, pid in enumerate(PIDS)
             for f, (name, _caller, _w) in enumerate(FUNCTIONS)
         ]
@@ -278,7 +285,7 @@ class MockSource:
                 ips: list[int] = []
                 cur = f
                 while cur >= 0:
-                    ips.append(_func_start(p, cur) + 0x10 + 8 * len(ips))
+                    ips.append(func_start(p, cur) + 0x10 + 8 * len(ips))
                     cur = FUNCTIONS[cur][1]
                 self._stacks[1 + p * len(FUNCTIONS) + f] = tuple(ips)
 
@@ -287,7 +294,11 @@ class MockSource:
         rows, late_ns, late_flow = self._rows(n)
         if n == 0:
             return rows
-        rows["time_ns"] = np.sort(self._rng.integers(start, max(end, start + 1), n, np.int64))
+        t = np.sort(self._rng.integers(start, max(end, start + 1), n, np.int64))
+        # no two samples share a nanosecond, as none of a CPU's do in the kernel: the
+        # branch records join their sample by (cpu, time_ns)
+        step = np.arange(n, dtype=np.int64)
+        rows["time_ns"] = np.maximum.accumulate(t - step) + step
         self._late_packets(rows, late_ns, late_flow)
         return rows
 
