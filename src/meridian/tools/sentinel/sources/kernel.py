@@ -6,11 +6,13 @@ ms_pmu_handler program attached, and hands user space numpy batches of samples.
 Budgets, targets and the event set change while it runs (maps, not reloads). Where
 an event needs a PMU the host lacks (a VM), it samples `cpu-clock` instead, says so
 once on stderr and labels those samples MS_EVT_CPU_CLOCK: the event actually used.
+`resolve` says which event it would open for one and `event_times` how long each
+held a counter of the time it was enabled (perf_open.py): the runtime scales each
+event's samples by what was really sampled.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import sys
@@ -21,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ....bpf import BpfObject, Link, RingBuffer, Strategy, choose, hook_exists
-from ....bpf.perf import online_cpus, open_attr_per_cpu
-from ....errors import NotSupported, UsageError
+from ....errors import UsageError
 from ....session import Session
+from .perf_open import EventOpener
 from .pmu_events import LOGICAL, EventSpec
 from .stackmaps import STACK_ENTRIES, STACK_MAPS, StackSides
 
@@ -70,22 +72,6 @@ DROP_REASONS = ("token_bucket", "hard_drop", "ring_full")  # lbr_ring_full: the
 MAX_SLOTS = 16  # MS_MAX_EVENTS: cookie slots
 SLOT_DATA_ADDR = 1  # MS_SLOT_DATA_ADDR
 LBR_OFF, LBR_SNAPSHOT, LBR_BRANCH_STACK = 0, 1, 2
-
-
-# logical events whose codes are Intel's (events.py): other vendors take raw codes
-INTEL_CODED = ("remote-dram", "hitm")
-
-
-@functools.cache
-def _cpu_vendor(path: str = "/proc/cpuinfo") -> str:
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def _warn(msg: str) -> None:
@@ -178,8 +164,8 @@ class KernelSource(Session):
         self._pids = list(pids)
         self._perf_links: list[Link] = []
         self._opened: list[EventSpec] = []
+        self._perf = EventOpener(frequency, lbr == LBR_BRANCH_STACK, warn)
         self._seq = 0
-        self._warned = False
         self._known_flows = np.zeros(0, dtype=np.uint64)
         self._context_seen = np.zeros(0, dtype=np.uint64)  # per CPU: newest context returned
         self._lbr_ring: RingBuffer | None = None
@@ -245,6 +231,7 @@ class KernelSource(Session):
         """Detach and close the perf events (the packet hooks stay): on stop, the
         ring is then drained of every sample the kernel will ever emit, and the
         counters hold still."""
+        self._perf.untrack()
         if self.obj is not None:
             self.obj.drop(self._perf_links)
         self._perf_links = []
@@ -417,7 +404,7 @@ class KernelSource(Session):
             # The new events are opened before the old ones go: one that cannot be
             # opened leaves the running set as it was.
             for spec in events:
-                fds, used = self._open(spec)
+                fds, used = self._perf.open(spec)
                 if used is not spec:
                     fallback = True
                 if any(o is used for o, _ in opened):  # cpu-clock twice (fallbacks)
@@ -425,16 +412,19 @@ class KernelSource(Session):
                         os.close(fd)
                     continue
                 opened.append((used, fds))
+            self._perf.untrack()  # the events closed now: their last times
             obj.drop(self._perf_links)
             self._perf_links = []
             cookies = obj.maps["ms_event_cookie"]
             for slot, (spec, _) in enumerate(opened):
                 cookies.update(slot, _slot_value(spec))
             prog = obj.programs[PMU_PROGRAM]
+            attached = [(spec, list(fds)) for spec, fds in opened]
             for slot, (_, fds) in enumerate(opened):
                 while fds:
                     self._perf_links.append(prog.attach_perf_event(fds[0], cookie=slot))
                     fds.pop(0)  # the link owns the fd now
+            self._perf.track(attached)  # read while their links live
         finally:
             for _, fds in opened:
                 for fd in fds:
@@ -450,23 +440,13 @@ class KernelSource(Session):
         """The events sampled now (after any fallback)."""
         return list(self._opened)
 
-    def _open(self, spec: EventSpec) -> tuple[list[int], EventSpec]:
-        attr = spec.attr(freq=self.frequency, lbr=self.lbr == LBR_BRANCH_STACK and spec.hardware)
-        try:
-            if spec.name in INTEL_CODED and _cpu_vendor() != "GenuineIntel":
-                # The same raw code means another event elsewhere: never count it.
-                raise NotSupported(
-                    spec.name, f"its code is Intel's and this CPU is {_cpu_vendor() or 'unknown'}"
-                )
-            return open_attr_per_cpu(attr, cpus=online_cpus()), spec
-        except NotSupported as exc:
-            if not spec.hardware:
-                raise
-            if not self._warned:
-                self.warn(
-                    f"{spec.name} cannot be sampled here ({exc.reason}): no hardware PMU "
-                    "event for it; sampling cpu-clock instead (raw:0xCODE names any other)"
-                )
-                self._warned = True
-        clock = LOGICAL["cpu-clock"]
-        return open_attr_per_cpu(clock.attr(freq=self.frequency), cpus=online_cpus()), clock
+    def resolve(self, spec: EventSpec) -> EventSpec | None:
+        """The event `set_events` opens for `spec`: itself, cpu-clock where the host
+        cannot count it, None where it cannot be opened (EventOpener.resolve)."""
+        return self._perf.resolve(spec)
+
+    def event_times(self) -> dict[int, tuple[int, int]]:
+        """(time_enabled, time_running) ns of each event sampled now, summed over the
+        CPUs, and the last of each sampled before, by records.event_key: running is
+        short of enabled when the kernel multiplexes more events than counters."""
+        return self._perf.times()
