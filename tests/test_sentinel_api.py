@@ -142,7 +142,10 @@ def test_pmu_config(agent: Agent) -> None:
     assert out["sentinel_groups"] == [["cpu-clock"], ["cycles", "raw:0x1cd"]]
     assert out["diagnostic_groups"] == before["diagnostic_groups"]
     assert ok(port, "GET", "/pmu-config") == out
-    assert rt.status()["scale"] == 2.0  # two groups take turns
+    # two groups take turns: each event is sampled half the time (once the consumer
+    # has applied the groups)
+    two = {"cpu-clock": 2.0, "cycles": 2.0, "raw:0x1cd": 2.0}
+    wait_for(lambda: rt.status()["scales"] == two)
     wait_for(lambda: src.events == [Event.CPU_CLOCK])
     ok(port, "POST", "/pmu-config", {"sentinel_groups": before["sentinel_groups"]})
     wait_for(lambda: src.events == [Event.CYCLES, Event.LLC_MISS])

@@ -118,9 +118,9 @@ METRICS_GROUPS = [["cycles", "llc-misses"], ["branch-misses"], ["instructions"]]
 
 def test_metrics_parse_as_openmetrics(procs: list[subprocess.Popen[str]], tmp_path: Path) -> None:
     """/metrics of a mock run with three event groups that do not rotate within the
-    test: the scale is the configured number of groups (3, while the group sampled
-    has 2 events), the delivered rate is the mock's, nothing is dropped, and the
-    flows carry the first group's events only."""
+    test: each event's scale is 3 (each is in one of the three groups, and the mock
+    runs its events all the time they are enabled), the delivered rate is the mock's,
+    nothing is dropped, and the flows carry the first group's events only."""
     cfg = tmp_path / "sentinel.yaml"
     period_ms = 25
     cfg.write_text(
@@ -146,7 +146,8 @@ def test_metrics_parse_as_openmetrics(procs: list[subprocess.Popen[str]], tmp_pa
         return float(sample.value)
 
     assert value("ms_agent_mode") == 0  # sentinel
-    assert value("ms_pmu_scale") == len(METRICS_GROUPS)
+    scales = {s.labels["event"]: s.value for s in fams["ms_pmu_scale"].samples}
+    assert scales == {e: 3.0 for g in METRICS_GROUPS for e in g}
     # The mock delivers MOCK_RATE x its clock, one batch per period: a window of about
     # a second (the first one: its source opened a little before it) holds the
     # batches due in it, give or take one at either end.
@@ -332,7 +333,10 @@ def test_runtime_observers_control_and_stop() -> None:
         assert ctl.set_mode("diagnostic").label == "diagnostic"
         windows, batches = len(rec.windows), len(rec.batches)  # from here: diagnostic
         st = ctl.status()
-        assert st["mode"] == "diagnostic" and st["scale"] == 2.0
+        assert st["mode"] == "diagnostic"
+        # each event is in one of the two groups: sampled half the time
+        halves = {e: 2.0 for g in (first, second) for e in g}
+        wait_for(lambda: ctl.status()["scales"] == halves, what="the diagnostic scales")
         assert st["samples_per_sec_budget"] == rt.cfg.perf.diagnostic_samples_per_sec
         # The rotator turns to the second group, and back: windows say so, and the
         # samples the source delivers carry the group's events.
@@ -345,7 +349,7 @@ def test_runtime_observers_control_and_stop() -> None:
         )
         wait_for(lambda: any(w.info.events == first for w in rec.windows[turned:]))
         # (the window flushing at the mode change may have been computed before it)
-        assert {w.info.scale for w in rec.windows[windows + 1 :]} == {2.0}
+        assert all(w.info.scales == halves for w in rec.windows[windows + 1 :])
         seen = {int(e) for b in rec.batches[batches:] for e in np.unique(b.samples["event"])}
         assert {int(Event.REMOTE_DRAM), int(Event.XSNP_HITM)} <= seen
         assert {int(Event.CYCLES), int(Event.BRANCH_MISS)} <= seen

@@ -90,10 +90,13 @@ def test_logical_events_attr(
         "precise_ip": precise,
         "rest": 0,
     }
+    # read() gives the enabled and running times: the kernel's multiplexing
+    assert f["read_format"] == P.FORMAT_TOTAL_TIME_ENABLED | P.FORMAT_TOTAL_TIME_RUNNING == 3
     others = {
         k: v
         for k, v in f.items()
-        if k not in ("type", "size", "config", "sample_period", "sample_type", "flags")
+        if k
+        not in ("type", "size", "config", "sample_period", "sample_type", "flags", "read_format")
     }
     assert set(others.values()) == {0}
 

@@ -22,9 +22,9 @@ from sentinel_source import CLOCK, drain
 
 from meridian.bpf import probe
 from meridian.bpf.perf import online_cpus
-from meridian.tools.sentinel.model.records import Event
+from meridian.tools.sentinel.model.records import Event, event_key
 from meridian.tools.sentinel.sources.kernel import STRATEGIES, KernelSource
-from meridian.tools.sentinel.sources.pmu_events import parse_events
+from meridian.tools.sentinel.sources.pmu_events import LOGICAL, parse_events
 
 pytestmark = pytest.mark.kernel
 
@@ -240,6 +240,91 @@ def test_hardware_events_fall_back_to_cpu_clock() -> None:
     assert len(samples) > 0 and len(lbr) == 0
     assert set(np.unique(samples["event"]).tolist()) == {int(Event.CPU_CLOCK)}
     assert np.all(samples["data_addr"] == 0)
+
+
+def test_what_opens_and_for_how_long() -> None:
+    """`resolve` says what an event opens as (cpu-clock without a PMU), without
+    opening it for good; `event_times` reads the perf events' enabled and running
+    times: a software event runs all the time it is enabled."""
+    with KernelSource(CLOCK, frequency=199, warn=lambda m: None) as src:
+        if src.resolve(LOGICAL["cycles"]) != LOGICAL["cpu-clock"]:
+            pytest.skip("this host has a PMU")
+        assert src.resolve(LOGICAL["llc-misses"]) == LOGICAL["cpu-clock"]
+        assert src.resolve(LOGICAL["cpu-clock"]) == LOGICAL["cpu-clock"]
+        assert src.opened == [LOGICAL["cpu-clock"]]  # the probes opened nothing for good
+        time.sleep(0.2)
+        enabled, running = src.event_times()[event_key(Event.CPU_CLOCK)]
+    assert enabled >= 0.1 * 1e9 * len(online_cpus())
+    assert running == pytest.approx(enabled, rel=1e-3)
+
+
+@pytest.mark.usefixtures("busy_cpus")
+def test_two_groups_falling_back_to_cpu_clock_cost_what_they_sample() -> None:
+    """Two groups of hardware events on a host without a PMU, rotating: each turn
+    samples cpu-clock, so cpu-clock is sampled all the time and a sample costs 1
+    over its segments (the number of groups made it 2): a window's flow-0 rows
+    (one segment) cost their samples, and every sample's scale is 1."""
+    from meridian.tools.sentinel.agent.run import make_source
+    from meridian.tools.sentinel.agent.runtime import Runtime
+    from meridian.tools.sentinel.config.load import SentinelConfig
+
+    if has_pmu():
+        pytest.skip("this host has a PMU")
+    cfg = SentinelConfig()
+    cfg.metrics.enabled = False
+    cfg.anomaly.enabled = False
+    cfg.mode.auto = False
+    cfg.perf.frequency = 199
+    cfg.perf.sentinel_groups = [["cycles", "llc-misses"], ["branch-misses", "instructions"]]
+    cfg.perf.rotation_window = 0.3
+    cfg.perf.sentinel_samples_per_sec = 20_000  # nothing dropped
+    cfg.aggregator.flush_interval = 0.2
+    rec = Kept()
+    log: list[str] = []
+    rt = Runtime(cfg, lambda: make_source(cfg, lambda m: None), observers=[rec], log=log.append)
+    rt.start()
+    try:
+        wait_until(lambda: len(rec.windows) >= 6, 30, "six windows: four turns")
+        status = rt.control.status()
+    finally:
+        rt.stop()
+    rows = np.concatenate([w.rows for w in rec.windows])
+    assert int(rows["samples"].sum()) > 100
+    alone = rows["flow_id"] == 0  # no packet: one segment
+    assert alone.any()
+    assert rows["norm_cost"][alone] == pytest.approx(rows["samples"][alone].astype(float))
+    n = sum(len(b.samples) for b in rec.batches)
+    cost = sum(
+        float((b.norm_cost * np.maximum(b.samples["gso_segs"], 1)).sum()) for b in rec.batches
+    )
+    assert cost == pytest.approx(n)  # each sample: 1 over its segments
+    assert float(rows["norm_cost"].sum()) == pytest.approx(
+        sum(float(b.norm_cost.sum()) for b in rec.batches)
+    )
+    assert all(w.info.scales == {"cpu-clock": 1.0} for w in rec.windows)
+    assert status["scales"] == {"cpu-clock": 1.0} and status["events"] == ["cpu-clock"]
+
+
+class Kept:
+    """An observer that keeps the windows and the batches."""
+
+    def __init__(self) -> None:
+        self.windows: list[Any] = []
+        self.batches: list[Any] = []
+
+    def on_samples(self, batch: Any) -> None:
+        self.batches.append(batch)
+
+    def on_window(self, window: Any) -> None:
+        self.windows.append(window)
+
+    def close(self) -> None:
+        pass
+
+
+def has_pmu() -> bool:
+    with KernelSource(parse_events("cycles"), frequency=49, warn=lambda m: None) as src:
+        return src.opened == [LOGICAL["cycles"]]
 
 
 def test_pid_filter_in_kernel() -> None:

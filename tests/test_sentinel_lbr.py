@@ -262,7 +262,7 @@ def test_events_opened_with_a_branch_stack(
     """Both modes open the hardware events with a branch stack (the snapshot needs the
     LBR recording too); software events never. An event that takes none is sampled
     without, said once."""
-    from meridian.tools.sentinel.sources import kernel
+    from meridian.tools.sentinel.sources import kernel, perf_open
 
     opened: list[bytes] = []
 
@@ -274,17 +274,17 @@ def test_events_opened_with_a_branch_stack(
         return [100 + len(opened)]
 
     monkeypatch.setattr(lbr_mod, "lbr_problem", lambda: None)
-    monkeypatch.setattr(kernel, "open_attr_per_cpu", fake_open)
+    monkeypatch.setattr(perf_open, "open_attr_per_cpu", fake_open)
     said: list[str] = []
     src = kernel.KernelSource(lbr=mode, warn=said.append)
     for name in ("cycles", "cpu-clock"):
         opened.clear()
-        fds, used = src._open(LOGICAL[name])
+        fds, used = src._perf.open(LOGICAL[name], cpus=[0])
         assert used is LOGICAL[name] and len(fds) == 1
         assert [bool(branch_type(a)) for a in opened] == [branches and name == "cycles"]
     for _ in range(2):
         opened.clear()
-        fds, used = src._open(LOGICAL["llc-misses"])
+        fds, used = src._perf.open(LOGICAL["llc-misses"], cpus=[0])
         assert used is LOGICAL["llc-misses"]  # still sampled, not the cpu-clock fallback
         assert [bool(branch_type(a)) for a in opened] == ([True, False] if branches else [False])
     assert len(said) == (1 if branches else 0)  # said once

@@ -46,7 +46,7 @@ def snapshot(flows: list[FlowRow] | None = None) -> MetricsSnapshot:
     return MetricsSnapshot(
         mode=1,
         samples_per_sec=1234.5,
-        pmu_scale=2.0,
+        pmu_scales={"llc-misses": 2.0, "cpu-clock": 1.0},
         throttled=True,
         window_s=2.0,
         flows=flows
@@ -94,7 +94,8 @@ def test_every_seed_metric_with_its_value() -> None:
     assert a == "123456789abcdef0" and b == "00000000000000ff"
     assert got["ms_agent_mode"] == [({}, 1.0)]
     assert got["ms_samples_per_sec"] == [({}, 1234.5)]
-    assert got["ms_pmu_scale"] == [({}, 2.0)]
+    # each event's own scale (its share of the PMU), by event name
+    assert got["ms_pmu_scale"] == [({"event": "cpu-clock"}, 1.0), ({"event": "llc-misses"}, 2.0)]
     assert got["ms_sampling_throttled"] == [({}, 1.0)]
     # per second over a 2 s window, highest-cost flow first
     assert got["ms_flow_event_norm"] == [
@@ -120,7 +121,7 @@ def test_every_seed_metric_with_its_value() -> None:
 def test_before_the_first_window() -> None:
     got = parsed(scrape(SentinelMetrics()))
     assert got["ms_agent_mode"] == [({}, 0.0)]
-    assert got["ms_pmu_scale"] == [({}, 1.0)]
+    assert "ms_pmu_scale" not in got  # no event sampled yet
     assert "ms_flow_event_norm" not in got and "ms_latency_us" not in got
 
 

@@ -8,7 +8,9 @@ source itself was told to sample. No kernel; each test runs for a few seconds.
   budget at the source) for the refractory period, then sentinel mode comes back;
 - the mode follows the delivered samples/s with hysteresis;
 - the safety governor sheds events while the offered rate is over the budget;
-- the PMU rotation reaches every group, and the samples carry its events.
+- the PMU rotation reaches every group, and the samples carry its events;
+- each sample costs its own event's scale: its share of the rotation's turns, times
+  the (mock) kernel's multiplexing.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,7 +40,7 @@ from meridian.tools.sentinel.config.load import SentinelConfig
 from meridian.tools.sentinel.model.records import Event
 from meridian.tools.sentinel.model.window import Window
 from meridian.tools.sentinel.pipeline.anomaly import AnomalyGauges, AnomalySignal
-from meridian.tools.sentinel.sources.mock import MockSource
+from meridian.tools.sentinel.sources.mock import DEFAULT_FLOWS, MockSource
 
 T = TypeVar("T")
 SEC = 1_000_000_000
@@ -102,7 +104,7 @@ class Batch:
     """What `on_samples` keeps of a batch (its arrays are the aggregator's)."""
 
     events: frozenset[int]
-    scale: float
+    scales: dict[int, frozenset[float]]  # event code -> the scales its samples had
     norm_cost: float
 
 
@@ -116,8 +118,11 @@ class Recorder:
         self.batches: list[Batch] = []
 
     def on_samples(self, batch: SampleBatch) -> None:
-        events = frozenset(int(e) for e in np.unique(batch.samples["event"]))
-        self.batches.append(Batch(events, batch.scale, float(batch.norm_cost.sum())))
+        codes = batch.samples["event"]
+        events = frozenset(int(e) for e in np.unique(codes))
+        scale = np.broadcast_to(batch.scale, codes.shape)  # one per sample
+        scales = {e: frozenset(np.unique(scale[codes == e]).tolist()) for e in events}
+        self.batches.append(Batch(events, scales, float(batch.norm_cost.sum())))
 
     def on_window(self, window: Window) -> None:
         self.seen.append(Seen(window, self.src.events, self.src._budget))
@@ -172,13 +177,22 @@ def started(cfg: SentinelConfig) -> Iterator[Agent]:
         a.rt.stop()
 
 
-def gauge(rt: Runtime, name: str) -> float:
-    """An unlabelled gauge of the runtime's metrics, as a scrape renders it."""
+def scrape(rt: Runtime) -> dict[str, Any]:
+    """The runtime's metric families by name, as a scrape renders them."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(rt.metrics)
-    fams = {f.name: f for f in metric_families(generate_latest(reg).decode())}
-    (sample,) = fams[name].samples
+    return {f.name: f for f in metric_families(generate_latest(reg).decode())}
+
+
+def gauge(rt: Runtime, name: str) -> float:
+    """An unlabelled gauge of the runtime's metrics."""
+    (sample,) = scrape(rt)[name].samples
     return float(sample.value)
+
+
+def gauges(rt: Runtime, name: str, label: str) -> dict[str, float]:
+    """A gauge by one label's value."""
+    return {s.labels[label]: float(s.value) for s in scrape(rt)[name].samples}
 
 
 # ---- anomaly -> diagnostic mode -> refractory period -> sentinel mode ---------------
@@ -519,7 +533,7 @@ def test_the_pmu_rotation_reaches_every_group() -> None:
     """Three groups, each on the PMU for ROTATION_S: the windows show them in turn
     (1, 2, 3, 1, ...), the source samples each group's events while it holds the PMU
     (group 2's samples arrive, none before the first turn), and every sample's cost
-    and the reported scale are those of three groups sharing the PMU."""
+    and the reported scale are those of an event in one of three groups."""
     cfg = config()
     cfg.mode.auto = False
     cfg.perf.sentinel_groups = ROTATION
@@ -531,7 +545,7 @@ def test_the_pmu_rotation_reaches_every_group() -> None:
             lambda: len(runs([s.events for s in a.rec.windows()])) >= 5,
             "the groups 1, 2, 3, 1, 2 in turn",
         )
-        pmu_scale = gauge(a.rt, "ms_pmu_scale")
+        pmu_scale = gauges(a.rt, "ms_pmu_scale", "event")
     windows = a.rec.windows()
     order = runs([s.events for s in windows])
     assert order == [ROTATION[i % len(ROTATION)] for i in range(len(order))]
@@ -559,9 +573,67 @@ def test_the_pmu_rotation_reaches_every_group() -> None:
     assert {int(Event.LLC_MISS), int(Event.BRANCH_MISS)} <= set().union(
         *(s.sampled() for s in windows)
     )
-    # the scale: three groups share the PMU, in every window and on every sample
-    assert {s.window.info.scale for s in a.rec.seen} == {3.0}
-    assert pmu_scale == 3.0
-    assert {b.scale for b in a.rec.batches} == {3.0}
+    # the scale: each event is in one of three groups, in every window and on every sample
+    thirds = {"cycles": 3.0, "llc-misses": 3.0, "branch-misses": 3.0}
+    assert all(s.window.info.scales == thirds for s in a.rec.seen)
+    assert pmu_scale == thirds
+    assert {x for b in a.rec.batches for xs in b.scales.values() for x in xs} == {3.0}
     rows_cost = sum(float(s.window.rows["norm_cost"].sum()) for s in a.rec.seen)
     assert rows_cost == pytest.approx(sum(b.norm_cost for b in a.rec.batches), rel=1e-9)
+
+
+# ---- each event's own scale ----------------------------------------------------------
+
+SHARED = [["cycles", "llc-misses"], ["cycles"], ["branch-misses"]]
+GSO_1 = tuple(replace(f, gso_max=1) for f in DEFAULT_FLOWS)  # every sample: 1 segment
+
+
+@pytest.mark.parametrize("multiplex", [{}, {"llc-misses": 2.0}], ids=["rotation", "multiplexed"])
+def test_a_windows_cost_is_its_samples_times_their_events_scale(
+    multiplex: dict[str, float],
+) -> None:
+    """Three groups taking turns, cycles in two of them: in every window, each event's
+    norm cost is its samples times its own scale (one segment per sample): cycles
+    1.5, the others 3, and llc-misses twice that when the (mock) kernel gives it a
+    counter half the time it is enabled. (The old scale, the number of groups, made
+    every sample 3.) /metrics, the status and the windows say the same."""
+    cfg = config()
+    cfg.mode.auto = False
+    cfg.perf.sentinel_groups = SHARED
+    cfg.perf.rotation_window = 0.3
+    cfg.perf.sentinel_samples_per_sec = 20_000  # nothing dropped, nothing shed
+    more: dict[str, Any] = {"multiplex": multiplex} if multiplex else {}
+    src = MockSource(period_ms=10, rng_seed=5, rate=1000, cpus=1, flows=GSO_1, **more)
+    rec = Recorder(src)
+    log: list[str] = []
+    rt = Runtime(cfg, src, observers=[rec], log=log.append, cpus=[0])
+    want = {"cycles": 1.5, "llc-misses": 3.0 * multiplex.get("llc-misses", 1.0)}
+    want["branch-misses"] = 3.0
+    rt.start()
+    try:
+        wait_for(
+            lambda: len(runs([s.events for s in rec.windows()])) >= 4,
+            "the three groups in turn, then the first again",
+        )
+        pmu_scale = scrape(rt)["ms_pmu_scale"].samples
+        status = rt.control.status()
+    finally:
+        rt.stop()
+    samples = dict.fromkeys(want, 0)
+    for s in rec.seen:
+        rows = s.window.rows
+        for name, scale in want.items():
+            mine = rows["event"] == CODES[name]
+            n = int(rows["samples"][mine].sum())
+            assert float(rows["norm_cost"][mine].sum()) == pytest.approx(n * scale, rel=1e-9), (
+                s.window.index,
+                name,
+            )
+            samples[name] += n
+    assert all(n > 0 for n in samples.values()), samples
+    assert {p.labels["event"]: p.value for p in pmu_scale} == pytest.approx(want)
+    assert status["scales"] == pytest.approx(want)
+    assert all(s.window.info.scales == pytest.approx(want) for s in rec.seen)
+    # and sample by sample, as the raw rows store it
+    got = {e: x for b in rec.batches for e, xs in b.scales.items() for x in xs}
+    assert got == pytest.approx({int(CODES[k]): v for k, v in want.items()})

@@ -33,6 +33,7 @@ __all__ = [
     "open_attr_per_cpu",
     "open_per_cpu",
     "perf_event_attr",
+    "read_times",
 ]
 
 PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE, PERF_TYPE_HW_CACHE, PERF_TYPE_RAW = 0, 1, 3, 4
@@ -47,6 +48,11 @@ SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME, SAMPLE_ADDR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 SAMPLE_CALLCHAIN, SAMPLE_CPU, SAMPLE_PERIOD = 1 << 5, 1 << 7, 1 << 8
 SAMPLE_BRANCH_STACK, SAMPLE_WEIGHT, SAMPLE_DATA_SRC = 1 << 11, 1 << 14, 1 << 15
 SAMPLE_PHYS_ADDR = 1 << 19
+
+# read_format bits (enum perf_event_read_format): read() then gives the count and
+# the event's enabled and running times, in that order
+FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING = 1 << 0, 1 << 1
+FORMAT_TIMES = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING
 
 # branch_sample_type bits (enum perf_branch_sample_type)
 BRANCH_USER, BRANCH_KERNEL, BRANCH_HV, BRANCH_ANY = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -82,10 +88,12 @@ def perf_event_attr(
     precise_ip: int = 0,
     config1: int = 0,
     branch_sample_type: int = 0,
+    read_format: int = 0,
 ) -> bytes:
     """A `struct perf_event_attr`: sample every `sample_period` events, or `freq` per
     second. `precise_ip` (0-3) asks for PEBS/IBS skid control; `branch_sample_type`
-    (LBR) implies PERF_SAMPLE_BRANCH_STACK in `sample_type`."""
+    (LBR) implies PERF_SAMPLE_BRANCH_STACK in `sample_type`; `read_format`
+    FORMAT_TIMES has read() give the enabled and running times (`read_times`)."""
     if not 0 <= precise_ip <= 3:
         raise ValueError(f"precise_ip is 0..3, not {precise_ip}")
     flags = (FLAG_DISABLED if disabled else 0) | (FLAG_FREQ if freq else 0)
@@ -99,7 +107,7 @@ def perf_event_attr(
         config,
         freq or sample_period,
         sample_type,
-        0,  # read_format
+        read_format,
         flags,
         0,  # wakeup_events
         0,  # bp_type
@@ -108,6 +116,18 @@ def perf_event_attr(
         branch_sample_type,
     )
     return head + bytes(ATTR_SIZE - len(head))
+
+
+def read_times(fd: int) -> tuple[int, int, int]:
+    """(count, time_enabled, time_running) of a perf event opened with read_format
+    FORMAT_TIMES (and no other read_format bit). An event multiplexed with others on
+    too few counters runs less than it is enabled: enabled / running is the factor
+    its count or samples are short by."""
+    data = os.read(fd, 24)
+    if len(data) != 24:
+        raise OSError(f"perf event read gave {len(data)} bytes, not 24")
+    count, enabled, running = struct.unpack("<QQQ", data)
+    return count, enabled, running
 
 
 def online_cpus(path: str = "/sys/devices/system/cpu/online") -> list[int]:

@@ -1,7 +1,7 @@
 """The consumer thread: the only one that polls and changes the sample source. Each
-batch goes through the pipeline (skew, flow names, target filter, wall clock,
-aggregator, on_samples observers); requests posted by other threads (events,
-budget, pids) are applied between two polls."""
+batch goes through the pipeline (skew, flow names, target filter, wall clock, each
+sample's scale, aggregator, on_samples observers); requests posted by other threads
+(events, budget, pids) are applied between two polls."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from ..pipeline.aggregator import Aggregator
 from ..pipeline.branches import BranchJoin
 from ..pipeline.clock import ClockCalibrator
 from ..pipeline.resolver import RuntimeNames
+from ..pipeline.rotator import rotation_shares
+from ..pipeline.scales import EventScales, opened_keys
 from ..pipeline.skew import SkewAdjuster
 from ..pipeline.targets import TargetFilter
 from .plan import Plan
@@ -32,6 +34,7 @@ SMALL_BATCH = 4096  # samples: a batch this big or bigger is followed by the nex
 NAMES_S = 0.5  # at most this often, the source's new flow names (a whole-map read)
 CALIBRATE_S = 1.0
 DROPPED_S = 0.25  # how often the consumer reads the kernel's drop counters
+SCALES_S = 0.25  # how often it reads the events' enabled and running times
 
 
 class FlowNamer:
@@ -82,6 +85,7 @@ class Consumer:
     skew: SkewAdjuster = field(init=False)
     flows: FlowNamer = field(init=False)
     branches: BranchJoin = field(init=False, default_factory=BranchJoin)  # LBR records
+    scales: EventScales = field(init=False, default_factory=EventScales)
     _contexts: Any = field(init=False)  # packet contexts for the skew
     # event groups the source could not open (said once)
     _refused: set[str] = field(init=False, default_factory=set)
@@ -133,13 +137,16 @@ class Consumer:
 
     def _poll_loop(self) -> None:
         state, src = self.state, self.source
-        next_cal = next_drop = 0
+        next_cal = next_drop = next_scales = 0
         while not state.stopping.is_set():
             began, asked = time.monotonic(), self._asked
             self._apply_requests()
             turned = self.plan.tick(state.clock())
             if turned is not None:
                 self._switch_events(turned)
+            if state.clock() >= next_scales:
+                self._rescale()
+                next_scales = state.clock() + int(SCALES_S * 1e9)
             samples, lbr = src.poll(POLL_S)
             small = len(samples) < SMALL_BATCH
             self._take(samples, lbr)
@@ -190,7 +197,7 @@ class Consumer:
         if not len(samples):
             return
         wall = self.calibrator.to_wall(samples["cpu"].astype(np.int64), samples["time_ns"])
-        scale = self.plan.rotator.scale
+        scale = self.scales.per_sample(samples)
         self.aggregator.add(samples, scale, time_ns=wall)
         self.state.kept += len(samples)
         self.state.observers.samples(SampleBatch(samples, wall, lbr, scale))
@@ -203,6 +210,24 @@ class Consumer:
         self.state.events = [str(e.name) for e in (opened if opened is not None else group)]
         self.state.source_name = src.name
         self.state.frequency = getattr(src, "frequency", None)
+        self._rescale()
+
+    def _rescale(self) -> None:
+        """Each event's scale (pipeline/scales.py): its share of the rotation's turns,
+        as each group really opens (the source's `resolve`: cpu-clock for an event the
+        host lacks), times its multiplexing (the source's `event_times`). Read after
+        every change of events and every SCALES_S (the safety level trims groups
+        that are not open yet)."""
+        with self.state.lock:
+            schedule = self.plan.rotator.schedule()
+        resolve = getattr(self.source, "resolve", None)
+        names: dict[int, str] = {}
+        shares = rotation_shares([opened_keys(g, resolve, names) for g in schedule])
+        self.scales.set_rotation(shares, names)
+        times = getattr(self.source, "event_times", None)
+        if times is not None:
+            self.scales.set_times(times())
+        self.state.scales = self.scales.by_name()
 
     def _switch_events(self, group: Sequence[Any]) -> None:
         """A group asked for while running (rotation, mode, the API): one the source

@@ -100,7 +100,7 @@ class RuntimeControl:
             "samples_per_sec_budget": budget[0],
             "hard_drop_ns": budget[1],
             "samples_per_sec": info.samples_per_sec if info else 0.0,
-            "scale": plan.rotator.scale,
+            "scales": dict(state.scales),
             "safety_level": plan.governor.level.name.lower(),
             "throttled": plan.governor.throttled,
             "dropped": dict(state.dropped),

@@ -82,7 +82,8 @@ class Flusher:
             idle = int(rows["samples"][rows["direction"] == IDLE].sum())
             busy = max(delivered - idle, 0) / seconds
             self.plan.decide(busy, (delivered + max(offered_drops, 0)) / seconds, now)
-        mode, scale = self.plan.mode_and_scale()
+        mode = self.plan.current_mode()
+        scales = dict(state.scales)
         info = WindowInfo(
             seconds=seconds,
             mode=mode.label,
@@ -90,7 +91,7 @@ class Flusher:
             events=list(state.events),
             samples=delivered,
             samples_per_sec=sps,
-            scale=scale,
+            scales=scales,
             throttled=self.plan.governor.throttled,
             dropped=dropped,
             wall_ns=time.time_ns(),
@@ -100,7 +101,7 @@ class Flusher:
             MetricsSnapshot(
                 mode=int(mode),
                 samples_per_sec=sps,
-                pmu_scale=scale,
+                pmu_scales=scales,
                 throttled=info.throttled,
                 window_s=seconds,
                 flows=flow_rows(rollups, self.names),

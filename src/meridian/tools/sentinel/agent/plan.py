@@ -42,9 +42,9 @@ class Plan:
         with self.state.lock:
             return self.rotator.tick(now)
 
-    def mode_and_scale(self) -> tuple[Mode, float]:
+    def current_mode(self) -> Mode:
         with self.state.lock:
-            return self.mode, self.rotator.scale
+            return self.mode
 
     def decide(self, busy_per_sec: float, offered_per_sec: float, now: int) -> None:
         """A window's decisions: the mode (hysteresis on the busy rate, anomaly hold)

@@ -301,7 +301,13 @@ class Runtime:
         st = self.state
         if st.last_info is not None:
             return st.last_info
-        return WindowInfo(1.0, self.plan.mode.label, st.source_name, dropped=dict(st.dropped))
+        return WindowInfo(
+            1.0,
+            self.plan.mode.label,
+            st.source_name,
+            scales=dict(st.scales),
+            dropped=dict(st.dropped),
+        )
 
     @property
     def seconds(self) -> float:

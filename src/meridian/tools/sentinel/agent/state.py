@@ -25,13 +25,14 @@ Array = np.ndarray[Any, Any]
 @dataclass(frozen=True)
 class SampleBatch:
     """What the consumer kept of one poll: after skew adjustment and the target
-    filter, with the wall-clock time of each sample and the scale of its cost. The
-    arrays are shared with the aggregator's batch: read them, copy what you keep."""
+    filter, with the wall-clock time of each sample and the scale of its cost (its
+    event's: pipeline/scales.py). The arrays are shared with the aggregator's batch:
+    read them, copy what you keep."""
 
     samples: Array  # sample_dtype
     wall_ns: Array  # int64, one per sample
     lbr: Array  # lbr_dtype, joined to samples by (cpu, time_ns)
-    scale: float
+    scale: Array  # float64, one per sample
 
     @property
     def norm_cost(self) -> Array:
@@ -137,6 +138,7 @@ class RuntimeState:
         # samples/s per event and CPU of a source that samples at a fixed frequency
         # (the kernel's -F), None for one without (the mock)
         self.frequency: float | None = None
+        self.scales: dict[str, float] = {}  # each event's sample scale, by name (replaced)
         self.delivered = 0  # samples polled, cumulative
         self.kept = 0  # after the target filter
         self.dropped: dict[str, int] = {}

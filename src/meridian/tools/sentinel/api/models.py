@@ -294,7 +294,10 @@ class StatusOut(Out):
     samples_per_sec_budget: int
     hard_drop_ns: int
     samples_per_sec: float = Field(description="delivered in the last window, all CPUs")
-    scale: float
+    scales: dict[str, float] = Field(
+        description="each event's sample scale: the inverse of the share of the time "
+        "it was really sampled (PMU rotation, kernel multiplexing)"
+    )
     safety_level: str
     throttled: bool
     dropped: dict[str, int]

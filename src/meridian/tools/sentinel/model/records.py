@@ -44,6 +44,7 @@ __all__ = [
     "decode_samples",
     "empty_lbr",
     "empty_samples",
+    "event_key",
     "lbr_dtype",
     "load_dtypes",
     "sample_dtype",
@@ -87,6 +88,12 @@ class Event(IntEnum):
     XSNP_HITM = 5
     CPU_CLOCK = 6
     RAW = 7
+
+
+def event_key(event: int, raw_code: int = 0) -> int:
+    """One int per event a sample can count: its raw code (0 but for Event.RAW, whose
+    samples share one id) over its id (`event` is a u16)."""
+    return (int(raw_code) << 16) | int(event)
 
 
 EVENT_NAMES = (
@@ -208,7 +215,11 @@ class SampleSource(Protocol):
     def set_budget(self, samples_per_sec: int, hard_drop_ns: int) -> None: ...
 
     def set_events(self, events: Sequence[EventSpecT]) -> float:
-        """Sample these events now (a group); returns the group size for the scale."""
+        """Sample these events now (a group); returns the number of events opened.
+        (A source may also have `opened`, what it really samples after fallbacks,
+        `resolve(spec)`, what it would open for `spec` (None: nothing), and
+        `event_times()`, each event's enabled and running ns by `event_key`: the
+        kernel's multiplexing. The runtime scales each event's samples by them.)"""
         ...
 
     def set_targets(self, pids: Sequence[int]) -> None:

@@ -153,13 +153,21 @@ class WindowInfo:
     events: Sequence[str] = ()
     samples: int = 0  # delivered by the source in the window, before target filtering
     samples_per_sec: float = 0.0
-    scale: float = 1.0
+    # each event's sample scale (pipeline/scales.py): what its samples' cost is
+    # multiplied by, the inverse of the share of the time it was really sampled
+    scales: Mapping[str, float] = field(default_factory=dict)
     throttled: bool = False
     dropped: Mapping[str, int] = field(default_factory=dict)  # cumulative, by reason
     wall_ns: int = 0  # the window's end, wall clock
 
     def dropped_text(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in sorted(self.dropped.items()) if v)
+
+    def scales_text(self) -> str:
+        """`cycles x1.5 llc-misses x3`, or `1` when no event is scaled."""
+        if all(v == 1 for v in self.scales.values()):
+            return "1"
+        return " ".join(f"{k} x{v:.3g}" for k, v in self.scales.items())
 
 
 def flow_label(flow_id: int, names: Names) -> str:

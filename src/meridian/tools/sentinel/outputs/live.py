@@ -126,7 +126,7 @@ def render_live(
     head = [
         f"meridian sentinel  {now}  {info.mode} mode  every {info.seconds:.1f}s  "
         f"source: {info.source}",
-        f"samples/s {info.samples_per_sec:.0f}  scale {info.scale:g}  flows {flows}"
+        f"samples/s {info.samples_per_sec:.0f}  scale {info.scales_text()}  flows {flows}"
         + (f"  events {','.join(info.events)}" if info.events else "")
         + ("  THROTTLED" if info.throttled else "")
         + (f"  dropped: {dropped}" if dropped else ""),
@@ -192,7 +192,7 @@ def window_json(
         "events": list(info.events),
         "samples": info.samples,
         "samples_per_sec": round(info.samples_per_sec, 3),
-        "scale": info.scale,
+        "scales": dict(info.scales),
         "throttled": info.throttled,
         "dropped": dict(info.dropped),
         "flows_total": _flows(stats),

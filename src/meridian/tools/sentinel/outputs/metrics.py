@@ -9,7 +9,7 @@ the project's `PrometheusServer`.
 | ------------------------------- | ------------------- | ---------------------------------- |
 | ms_agent_mode                   |                     | 0 sentinel, 1 diagnostic           |
 | ms_samples_per_sec              |                     | delivered samples/s, all CPUs      |
-| ms_pmu_scale                    |                     | event groups sharing the PMU       |
+| ms_pmu_scale                    | event               | sample scale of the event's cost   |
 | ms_sampling_throttled           |                     | 1 while the safety level sheds     |
 | ms_flow_event_norm              | F, direction, event | norm cost per second               |
 | ms_flow_micromiss_rate          | F, direction        | norm cost/s of cache-miss events   |
@@ -63,7 +63,8 @@ _K = TypeVar("_K", str, int)  # a label value
 GAUGE_HELP = {
     "ms_agent_mode": "sampling mode: 0 sentinel, 1 diagnostic",
     "ms_samples_per_sec": "samples delivered per second, all CPUs",
-    "ms_pmu_scale": "event groups time-sharing the PMU (sample scale)",
+    "ms_pmu_scale": "sample scale of an event: the inverse of the share of the time it "
+    "was really sampled (PMU rotation, kernel multiplexing)",
     "ms_sampling_throttled": "1 while the safety level limits events per group",
     "ms_flow_event_norm": "norm cost per second (samples x scale / gso segments) by flow and event",
     "ms_flow_micromiss_rate": "norm cost per second of cache-miss events "
@@ -110,7 +111,7 @@ class MetricsSnapshot:
 
     mode: int = 0
     samples_per_sec: float = 0.0
-    pmu_scale: float = 1.0
+    pmu_scales: Mapping[str, float] = field(default_factory=dict)  # by event name
     throttled: bool = False
     window_s: float = 1.0  # the flush window the flow rows cover
     flows: Sequence[FlowRow] = ()
@@ -206,7 +207,7 @@ class SentinelMetrics:
         out = [
             _gauge("ms_agent_mode", one(s.mode)),
             _gauge("ms_samples_per_sec", one(s.samples_per_sec)),
-            _gauge("ms_pmu_scale", one(s.pmu_scale)),
+            _gauge("ms_pmu_scale", by("event", s.pmu_scales)),
             _gauge("ms_sampling_throttled", one(1 if s.throttled else 0)),
             *self._flow_families(s),
             _gauge("ms_throughput_ratio", by("interface", a.throughput_ratio)),

@@ -1,7 +1,8 @@
 """Samples to rollups: the seed's aggregation key `(flow_id, function, callstack_id,
 data_object_id, event, numa_node, direction, interference_class, time_bucket)` with
 `samples` and `norm_cost = samples * sample_scale / gso_segs` (summed per sample, so
-a sample on a GSO super-packet of 40 segments costs a fortieth per segment).
+a sample on a GSO super-packet of 40 segments costs a fortieth per segment; the scale
+is the sample's event's, pipeline/scales.py).
 
 All in numpy: rows are grouped by sorting a 64-bit hash of each row (then checked
 column by column, exact) and summed with `np.bincount`; the resolver (symbolizer,
@@ -186,9 +187,10 @@ class Aggregator:
         self._lock = threading.Lock()
         self.samples_total = 0
 
-    def add(self, samples: Array, scale: float = 1.0, time_ns: Array | None = None) -> None:
-        """A batch of samples (sample_dtype) at this sample scale. `time_ns` (e.g. the
-        wall clock of ClockCalibrator.to_wall) buckets instead of samples["time_ns"]."""
+    def add(self, samples: Array, scale: float | Array = 1.0, time_ns: Array | None = None) -> None:
+        """A batch of samples (sample_dtype) at this sample scale: one for all, or one
+        per sample (its event's, pipeline/scales.py). `time_ns` (e.g. the wall clock
+        of ClockCalibrator.to_wall) buckets instead of samples["time_ns"]."""
         n = len(samples)
         if n == 0:
             return
@@ -239,7 +241,8 @@ class Aggregator:
         keys["event"] = samples["event"]
         keys["interference_class"] = classify(samples["event"])
 
-        cost = np.float64(scale) / np.maximum(samples["gso_segs"], 1).astype(np.float64)
+        gso = np.maximum(samples["gso_segs"], 1).astype(np.float64)
+        cost = np.asarray(scale, dtype=np.float64) / gso
         part = _reduce(keys, np.ones(n, dtype=np.float64), cost, pid)
         with self._lock:
             self._parts.append(part)

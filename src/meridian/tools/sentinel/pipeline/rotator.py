@@ -1,7 +1,8 @@
 """PMU rotation: a mode's event groups take turns on the PMU, one `rotation_window`
-each, because a CPU has only a few counters. A sample taken while its group held the
-PMU stands for `len(groups)` as many events over the whole time, so `scale` (the
-`ms_pmu_scale` gauge) is the number of groups and multiplies `norm_cost`.
+each, because a CPU has only a few counters. An event is sampled in the windows of
+the groups that hold it (as opened: a fallback may make several events one), so a
+sample of it stands for `groups / groups holding it` as many over the whole time:
+`shares()`, one factor of each event's sample scale (pipeline/scales.py).
 
 Generic over the event type: the runtime passes `EventSpec` groups, tests any value.
 """
@@ -9,12 +10,22 @@ Generic over the event type: the runtime passes `EventSpec` groups, tests any va
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ["PmuRotator"]
+__all__ = ["PmuRotator", "rotation_shares"]
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
+
+
+def rotation_shares(opened: Sequence[Iterable[K]]) -> dict[K, float]:
+    """What each group of a rotation really samples, in turn -> each event's rotation
+    factor: the number of groups over the number whose turn samples it (an event in
+    one of three groups: 3; in both of two: 1). Events in no group are absent."""
+    held = Counter(k for group in opened for k in set(group))
+    return {k: len(opened) / n for k, n in held.items()}
 
 
 class PmuRotator(Generic[T]):
@@ -56,13 +67,19 @@ class PmuRotator(Generic[T]):
         return after if after != before else None
 
     def current(self) -> list[T]:
-        group = self.groups[self.index]
-        return group[: self.max_events] if self.max_events else list(group)
+        return self._trimmed(self.groups[self.index])
 
-    @property
-    def scale(self) -> float:
-        """The sample scale: groups time-sharing the PMU."""
-        return float(len(self.groups))
+    def schedule(self) -> list[list[T]]:
+        """Every group as it is opened in its turn (trimmed by the safety level)."""
+        return [self._trimmed(g) for g in self.groups]
+
+    def shares(self, opened: Callable[[list[T]], Iterable[K]]) -> dict[K, float]:
+        """`rotation_shares` of this rotation; `opened` gives what a group really
+        samples (after fallbacks)."""
+        return rotation_shares([opened(g) for g in self.schedule()])
+
+    def _trimmed(self, group: list[T]) -> list[T]:
+        return group[: self.max_events] if self.max_events else list(group)
 
     def tick(self, now: int | None = None) -> list[T] | None:
         """The next group when the current one has had its window, else None. One step

@@ -6,11 +6,13 @@ ms_pmu_handler program attached, and hands user space numpy batches of samples.
 Budgets, targets and the event set change while it runs (maps, not reloads). Where
 an event needs a PMU the host lacks (a VM), it samples `cpu-clock` instead, says so
 once on stderr and labels those samples MS_EVT_CPU_CLOCK: the event actually used.
+`resolve` says which event it would open for one and `event_times` how long each
+held a counter of the time it was enabled (perf_open.py): the runtime scales each
+event's samples by what was really sampled.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import sys
@@ -21,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ....bpf import BpfObject, Link, RingBuffer, Strategy, choose, hook_exists
-from ....bpf.perf import online_cpus, open_attr_per_cpu
-from ....errors import NotSupported, UsageError
+from ....errors import UsageError
 from ....session import Session
 from .lbr import LBR_BRANCH_STACK, LBR_OFF, LBR_SNAPSHOT, MODES, require_lbr
+from .perf_open import EventOpener
 from .pmu_events import LOGICAL, EventSpec
 from .stackmaps import STACK_ENTRIES, STACK_MAPS, StackSides
 
@@ -72,22 +74,6 @@ MAX_SLOTS = 16  # MS_MAX_EVENTS: cookie slots
 SLOT_DATA_ADDR = 1  # MS_SLOT_DATA_ADDR
 # an ms_lbr record is ~4x a sample's: its ring holds as many seconds (a page when off)
 LBR_RING_RATIO, LBR_RING_MAX = 4, 1 << 26
-
-
-# logical events whose codes are Intel's (events.py): other vendors take raw codes
-INTEL_CODED = ("remote-dram", "hitm")
-
-
-@functools.cache
-def _cpu_vendor(path: str = "/proc/cpuinfo") -> str:
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def _warn(msg: str) -> None:
@@ -174,7 +160,6 @@ class KernelSource(Session):
             raise ValueError(f"lbr {lbr}: not one of {sorted(MODES.values())}")
         require_lbr(next(k for k, v in MODES.items() if v == lbr))
         self.lbr = lbr
-        self._no_branches: set[str] = set()  # events opened without them (said once)
         self.ring_bytes = ring_bytes
         self.warn = warn
         self.strategy = _pick(strategy)
@@ -184,8 +169,8 @@ class KernelSource(Session):
         self._pids = list(pids)
         self._perf_links: list[Link] = []
         self._opened: list[EventSpec] = []
+        self._perf = EventOpener(frequency, lbr != LBR_OFF, warn)
         self._seq = 0
-        self._warned = False
         self._known_flows = np.zeros(0, dtype=np.uint64)
         self._context_seen = np.zeros(0, dtype=np.uint64)  # per CPU: newest context returned
         self._lbr_ring: RingBuffer | None = None
@@ -254,6 +239,7 @@ class KernelSource(Session):
         """Detach and close the perf events (the packet hooks stay): on stop, the
         ring is then drained of every sample the kernel will ever emit, and the
         counters hold still."""
+        self._perf.untrack()
         if self.obj is not None:
             self.obj.drop(self._perf_links)
         self._perf_links = []
@@ -426,7 +412,7 @@ class KernelSource(Session):
             # The new events are opened before the old ones go: one that cannot be
             # opened leaves the running set as it was.
             for spec in events:
-                fds, used = self._open(spec)
+                fds, used = self._perf.open(spec)
                 if used is not spec:
                     fallback = True
                 if any(o is used for o, _ in opened):  # cpu-clock twice (fallbacks)
@@ -434,16 +420,19 @@ class KernelSource(Session):
                         os.close(fd)
                     continue
                 opened.append((used, fds))
+            self._perf.untrack()  # the events closed now: their last times
             obj.drop(self._perf_links)
             self._perf_links = []
             cookies = obj.maps["ms_event_cookie"]
             for slot, (spec, _) in enumerate(opened):
                 cookies.update(slot, _slot_value(spec))
             prog = obj.programs[PMU_PROGRAM]
+            attached = [(spec, list(fds)) for spec, fds in opened]
             for slot, (_, fds) in enumerate(opened):
                 while fds:
                     self._perf_links.append(prog.attach_perf_event(fds[0], cookie=slot))
                     fds.pop(0)  # the link owns the fd now
+            self._perf.track(attached)  # read while their links live
         finally:
             for _, fds in opened:
                 for fd in fds:
@@ -459,38 +448,13 @@ class KernelSource(Session):
         """The events sampled now (after any fallback)."""
         return list(self._opened)
 
-    def _open(self, spec: EventSpec) -> tuple[list[int], EventSpec]:
-        try:
-            if spec.name in INTEL_CODED and _cpu_vendor() != "GenuineIntel":
-                # The same raw code means another event elsewhere: never count it.
-                raise NotSupported(
-                    spec.name, f"its code is Intel's and this CPU is {_cpu_vendor() or 'unknown'}"
-                )
-            return self._open_branches(spec), spec
-        except NotSupported as exc:
-            if not spec.hardware:
-                raise
-            if not self._warned:
-                self.warn(
-                    f"{spec.name} cannot be sampled here ({exc.reason}): no hardware PMU "
-                    "event for it; sampling cpu-clock instead (raw:0xCODE names any other)"
-                )
-                self._warned = True
-        clock = LOGICAL["cpu-clock"]
-        return open_attr_per_cpu(clock.attr(freq=self.frequency), cpus=online_cpus()), clock
+    def resolve(self, spec: EventSpec) -> EventSpec | None:
+        """The event `set_events` opens for `spec`: itself, cpu-clock where the host
+        cannot count it, None where it cannot be opened (EventOpener.resolve)."""
+        return self._perf.resolve(spec)
 
-    def _open_branches(self, spec: EventSpec) -> list[int]:
-        """A hardware event with a branch stack where branch records are on: both
-        modes need one (the sample's own records, or an LBR kept recording for the
-        snapshot). An event that refuses one (the probe's cycles took it) is sampled
-        without, said once."""
-        if self.lbr == LBR_OFF or not spec.hardware:
-            return open_attr_per_cpu(spec.attr(freq=self.frequency), cpus=online_cpus())
-        try:
-            return open_attr_per_cpu(spec.attr(freq=self.frequency, lbr=True), cpus=online_cpus())
-        except NotSupported as exc:
-            fds = open_attr_per_cpu(spec.attr(freq=self.frequency), cpus=online_cpus())
-            if spec.name not in self._no_branches:
-                self._no_branches.add(spec.name)
-                self.warn(f"{spec.name} takes no branch stack ({exc.reason}): sampled without")
-            return fds
+    def event_times(self) -> dict[int, tuple[int, int]]:
+        """(time_enabled, time_running) ns of each event sampled now, summed over the
+        CPUs, and the last of each sampled before, by records.event_key: running is
+        short of enabled when the kernel multiplexes more events than counters."""
+        return self._perf.times()

@@ -10,6 +10,8 @@ e.g. HITM samples on a shared cache line, or remote-DRAM samples on a NUMA node
 hard-drop window, drops counted by reason like the kernel's), `set_events` and
 `set_targets`. With `lbr` (`--lbr`), every sample kept that lies in a mock function
 comes with synthetic branch records (mock_branches.py), as the kernel's with an LBR.
+`set_targets`. Its events run all the time they are enabled (`event_times`), unless
+`multiplex` names some that the "kernel" multiplexes: running = enabled / factor.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ..model.records import (
     copy_records,
     empty_lbr,
     empty_samples,
+    event_key,
     take,
 )
 from .mock_branches import branch_stacks
@@ -110,6 +113,7 @@ class MockSource:
         sleep: Callable[[float], None] = time.sleep,
         ring_samples: int = RING_SAMPLES,
         lbr: bool = False,
+        multiplex: Mapping[str, float] | None = None,
     ) -> None:
         if period_ms <= 0:
             raise ValueError("period_ms must be positive")
@@ -123,6 +127,9 @@ class MockSource:
         self.flows = tuple(flows)
         self._rng = np.random.default_rng(rng_seed)
         self._events: list[tuple[int, int]] = [(Event.CYCLES, 0)]
+        self.multiplex = dict(multiplex or {})  # event name -> enabled / running
+        self._mux = {event_key(Event.CYCLES): self.multiplex.get("cycles", 1.0)}
+        self._opened_ns = clock()
         self._targets = np.empty(0, dtype=np.uint32)
         self._budget = 0
         self._hard_drop_ns = 0
@@ -252,8 +259,18 @@ class MockSource:
         """Samples carry these events from now on (every mock event "opens")."""
         if events:
             self._events = [(int(e.event), int(e.raw_code)) for e in events]
+            self._mux = {
+                event_key(e.event, e.raw_code): self.multiplex.get(str(e.name), 1.0) for e in events
+            }
+            self._opened_ns = self.clock()
             self._block = None  # drawn with the old events
         return float(max(len(events), 1))
+
+    def event_times(self) -> dict[int, tuple[float, float]]:
+        """(time_enabled, time_running) ns of each event since `set_events`, by
+        records.event_key: running is enabled over its `multiplex` factor (1: all)."""
+        enabled = float(max(1, self.clock() - self._opened_ns))
+        return {k: (enabled, enabled / f) for k, f in self._mux.items()}
 
     def set_targets(self, pids: Sequence[int]) -> None:
         self._targets = np.unique(np.array(list(pids), dtype=np.uint32))

@@ -58,7 +58,8 @@ class EventSpec:
 
     def attr(self, freq: int = 0, period: int = 0, lbr: bool = False) -> bytes:
         """The `struct perf_event_attr` for sampling `freq` times a second (or every
-        `period` events); `lbr` adds the branch stack of each sample."""
+        `period` events); `lbr` adds the branch stack of each sample. read() gives
+        its enabled and running times (perf.read_times: the kernel's multiplexing)."""
         sample_type = P.SAMPLE_IP | P.SAMPLE_TID | P.SAMPLE_TIME | P.SAMPLE_CPU
         if self.data_address:
             sample_type |= P.SAMPLE_ADDR | P.SAMPLE_DATA_SRC | P.SAMPLE_WEIGHT
@@ -72,6 +73,7 @@ class EventSpec:
             precise_ip=self.precise,
             config1=self.config1,
             branch_sample_type=branches,
+            read_format=P.FORMAT_TIMES,
         )
 
 

@@ -138,14 +138,14 @@ def raw_lines(
     host: str,
     *,
     lbr: Array | None = None,
-    scale: float = 1.0,
+    scale: float | Array = 1.0,
     wall_ns: Array | None = None,
     callstack_ids: Array | None = None,
 ) -> list[Chunk]:
     """Raw samples (sample_dtype). `lbr` (lbr_dtype) records join their sample by
     (cpu, time_ns); `wall_ns` is each sample's wall-clock time (ClockCalibrator.to_wall),
     else the sample's own time is stored as it is; norm_cost = scale / gso_segs, as in
-    the rollups."""
+    the rollups (`scale`: one for all, or each sample's, its event's)."""
     n = len(samples)
     if n == 0:
         return []
@@ -156,7 +156,8 @@ def raw_lines(
 
     ktime = col("time_ns").astype(np.uint64)
     wall = ktime if wall_ns is None else np.asarray(wall_ns).astype(np.uint64)
-    cost = _finite(float(scale) / np.maximum(col("gso_segs"), 1).astype(np.float64))
+    gso = np.maximum(col("gso_segs"), 1).astype(np.float64)
+    cost = _finite(np.asarray(scale, dtype=np.float64) / gso)
     stacks = np.zeros(n, dtype=np.uint64) if callstack_ids is None else callstack_ids
     head = ",".join(f'"{f}":%d' for f in ("time_ns", "ktime_ns", *RAW_FIELDS, "callstack_id"))
     template = head + ',"norm_cost":%r,"lbr_from":%s,"lbr_to":%s' + _tail(run_id, host)

@@ -67,7 +67,7 @@ class Sink(ABC):
         samples: Array,
         *,
         lbr: Array | None = None,
-        scale: float = 1.0,
+        scale: float | Array = 1.0,
         wall_ns: Array | None = None,
         callstack_ids: Array | None = None,
     ) -> None:
