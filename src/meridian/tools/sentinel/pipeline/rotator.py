@@ -3,6 +3,10 @@ each, because a CPU has only a few counters. A sample taken while its group held
 PMU stands for `len(groups)` as many events over the whole time, so `scale` (the
 `ms_pmu_scale` gauge) is the number of groups and multiplies `norm_cost`.
 
+The safety level limits the events opened per group (`set_max_events`): a group then
+opens the events that rank first (`rank`, the lowest first; the runtime's is
+modes.shed_rank), and among equal ranks those written first, in the group's order.
+
 Generic over the event type: the runtime passes `EventSpec` groups, tests any value.
 """
 
@@ -12,13 +16,25 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ["PmuRotator"]
+__all__ = ["PmuRotator", "keep"]
 
 T = TypeVar("T")
 
 
+def keep(group: Sequence[T], n: int | None, rank: Callable[[T], int] | None = None) -> list[T]:
+    """At most `n` events of `group` (None or 0: all): those of the lowest `rank`,
+    among equal ranks those written first (no rank: the first n), in the group's order."""
+    if not n or len(group) <= n:
+        return list(group)
+    if rank is None:
+        return list(group[:n])
+    chosen = sorted(range(len(group)), key=lambda i: (rank(group[i]), i))[:n]
+    return [group[i] for i in sorted(chosen)]
+
+
 class PmuRotator(Generic[T]):
-    """Round-robin over event groups; `tick(now)` returns the new group when it turns."""
+    """Round-robin over event groups; `tick(now)` returns the new group when it turns.
+    `max_events` limits the events of a group, keeping those `rank` puts first."""
 
     def __init__(
         self,
@@ -26,12 +42,14 @@ class PmuRotator(Generic[T]):
         window_ns: int,
         clock: Callable[[], int] = time.monotonic_ns,
         max_events: int | None = None,
+        rank: Callable[[T], int] | None = None,
     ) -> None:
         if window_ns <= 0:
             raise ValueError(f"rotation window must be above 0 ns, got {window_ns}")
         self.window_ns = window_ns
         self.clock = clock
         self.max_events = max_events
+        self.rank = rank
         self.groups: list[list[T]] = []
         self.index = 0
         self.started = 0
@@ -56,8 +74,8 @@ class PmuRotator(Generic[T]):
         return after if after != before else None
 
     def current(self) -> list[T]:
-        group = self.groups[self.index]
-        return group[: self.max_events] if self.max_events else list(group)
+        """The events of the current group opened under the limit."""
+        return keep(self.groups[self.index], self.max_events, self.rank)
 
     @property
     def scale(self) -> float:
