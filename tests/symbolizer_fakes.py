@@ -123,8 +123,11 @@ class FakeProc:
         shutil.rmtree(self.root / str(pid))
 
 
-def symbolizer(fake: FakeProc, clock: Clock, tmp_path: Path, **bounds: int) -> Symbolizer:
-    """A symbolizer on the fake tree, with `max_*` bounds and `grace_s` as given."""
+def symbolizer(
+    fake: FakeProc, clock: Clock, tmp_path: Path, debug_root: str | None = None, **bounds: int
+) -> Symbolizer:
+    """A symbolizer on the fake tree, with `max_*` bounds and `grace_s` as given (and
+    separate debug files under `debug_root`, none by default)."""
     # imported here, not on top: conftest.py imports this module for every test
     from meridian.tools.sentinel.symbols.symbolizer import Symbolizer
 
@@ -136,7 +139,7 @@ def symbolizer(fake: FakeProc, clock: Clock, tmp_path: Path, **bounds: int) -> S
         kallsyms=kallsyms,
         perf_map_dir=tmp_path,
         clock=clock,
-        debug_root=None,
+        debug_root=debug_root,
         max_processes=bounds.get("max_processes", 1024),
         max_binaries=bounds.get("max_binaries", 64),
         max_frames=bounds.get("max_frames", 1 << 15),

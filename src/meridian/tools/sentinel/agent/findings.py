@@ -1,7 +1,8 @@
 """The detectors (detectors/) as one runtime observer: every kept batch is observed on
 the consumer thread, every flush window closes their windows, and the findings of the
 last window are the gauges each detector names (ms_false_sharing_score,
-ms_remote_dram_hotspot, ...), with the flow's 5-tuple where a finding names a flow."""
+ms_remote_dram_hotspot, ...), with the flow's 5-tuple where a finding names a flow.
+Each detector's thresholds are its config section's (`detector_context`)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,23 @@ from typing import TYPE_CHECKING, Any
 
 from ....export.series import Family, HistPoint, Point
 from ..detectors import Detector, DetectorContext, Finding, create_all, detector_types
+from ..detectors.base import DataObjectLookup
 
 if TYPE_CHECKING:
+    from ..config.load import SentinelConfig
     from ..model.flows import FlowKey
 
-__all__ = ["Findings"]
+__all__ = ["Findings", "detector_context"]
+
+
+def detector_context(cfg: SentinelConfig, objects: DataObjectLookup | None) -> DetectorContext:
+    """What the detectors are created with: the registered data objects, and each
+    detector's config section (named as the detector) as its thresholds."""
+    sections = type(cfg).model_fields
+    settings = {
+        name: getattr(cfg, name).model_dump() for name in detector_types() if name in sections
+    }
+    return DetectorContext(objects=objects, settings=settings)
 
 
 class Findings:

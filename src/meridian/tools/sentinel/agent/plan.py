@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config.load import parse_groups
-from ..pipeline.modes import Mode, ModeController, SafetyGovernor, SafetyLevel
+from ..pipeline.modes import Mode, ModeController, SafetyGovernor, SafetyLevel, shed_rank
 from ..pipeline.rotator import PmuRotator
 from .state import RuntimeState
 
@@ -16,8 +16,8 @@ __all__ = ["Plan"]
 
 class Plan:
     """The mode and its budget, each mode's event groups taking turns on the PMU, and
-    the events per group the safety level allows. `cpus` scales the per-CPU budgets
-    to the rates the flush measures (all CPUs)."""
+    the events per group the safety level allows (those shed_rank puts first). `cpus`
+    scales the per-CPU budgets to the rates the flush measures (all CPUs)."""
 
     def __init__(self, state: RuntimeState, cpus: int) -> None:
         cfg = state.cfg
@@ -35,6 +35,7 @@ class Plan:
             round(cfg.perf.rotation_window * 1e9),
             state.clock,
             self.governor.max_events_per_group,
+            rank=shed_rank,
         )
 
     def tick(self, now: int) -> list[Any] | None:

@@ -15,13 +15,14 @@ from typing import Any, TextIO
 from ....bpf.perf import online_cpus
 from ....errors import MeridianError
 from ..config.load import SentinelConfig, parse_groups
-from ..detectors import DetectorContext
 from ..model.records import SampleSource
 from ..model.rollup import UNRESOLVED
 from ..model.window import Window
 from ..outputs.live import JsonView, LiveView, render_summary, summary_json
+from ..pipeline.modes import shed_rank
 from ..pipeline.resolver import GONE_STACK, RuntimeNames, SymbolResolver
-from .findings import Findings
+from ..pipeline.rotator import keep
+from .findings import Findings, detector_context
 from .runtime import Runtime
 from .services import Services
 from .state import Observer, SampleBatch
@@ -58,7 +59,7 @@ def make_source(cfg: SentinelConfig, warn: Callable[[str], None]) -> SampleSourc
 
     mode = cfg.mode.initial
     first = parse_groups(cfg.groups(mode), f"perf.{mode}_groups")[0]
-    events = first[: cfg.perf.max_events_per_group]
+    events = keep(first, cfg.perf.max_events_per_group, shed_rank)
     src = KernelSource(
         events,
         ring_bytes=ring_bytes(cfg.perf.frequency * len(events) * len(online_cpus())),
@@ -177,7 +178,7 @@ def run_cli(cfg: SentinelConfig, out: TextIO, err: TextIO) -> int:
 def _add_observers(rt: Runtime, cfg: SentinelConfig, out: TextIO, err: TextIO) -> LiveView | None:
     """The detectors, the store, and the view (--json, or the live table on a
     terminal); returns the live table, which starts with the run."""
-    findings = Findings(DetectorContext(objects=rt.symbolizer), rt.names.flow)
+    findings = Findings(detector_context(cfg, rt.symbolizer), rt.names.flow)
     rt.add_observer(findings)
     rt.metrics.add_source(findings.families)
     if cfg.clickhouse.enabled:

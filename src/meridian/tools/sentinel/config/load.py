@@ -4,7 +4,8 @@ printed back (`--print-config`).
 
 Sections: `perf` (budgets, events, rotation), `mode` (hysteresis, safety level),
 `anomaly` (interfaces, EWMA baselines, triggers), `aggregator`, `metrics`, `mock`,
-`targets`, `run` (duration and output), and `control_plane` / `clickhouse`.
+`targets`, `run` (duration and output), `control_plane` / `clickhouse`, and one per
+detector (`false_sharing`, `remote_dram`: its thresholds).
 
 Where the seed names a key otherwise (`clickhouse.endpoint` for `clickhouse.url`,
 `perf.samples_per_sec` for `perf.sentinel_samples_per_sec`), a file may use either

@@ -41,10 +41,12 @@ __all__ = [
     "AnomalyConfig",
     "ClickHouseConfig",
     "ControlPlaneConfig",
+    "FalseSharingConfig",
     "MetricsConfig",
     "MockConfig",
     "ModeConfig",
     "PerfConfig",
+    "RemoteDramConfig",
     "RunConfig",
     "SentinelConfig",
     "TargetsConfig",
@@ -199,6 +201,56 @@ class AnomalyConfig(Settings):
     ] = _key(30.0, "seconds diagnostic mode is held after a trigger; triggers meanwhile ignored")
 
 
+# The detectors' sections: their keys are keyword arguments of the detectors' own
+# constructors, with the same defaults (the config does not import the detectors,
+# a plug-in layer; test_sentinel_detector_config checks that the two agree). Each
+# finding is a series of its gauge, each key a row of some 50 bytes in a window.
+MAX_FINDINGS = 10_000
+MAX_KEYS = 1 << 24
+Findings = Annotated[
+    int, Field(ge=1, le=MAX_FINDINGS), rule(f"must be from 1 to {MAX_FINDINGS}"), Whole
+]
+Keys = Annotated[int, Field(ge=1, le=MAX_KEYS), rule(f"must be from 1 to {MAX_KEYS}"), Whole]
+WindowNs = Annotated[
+    int,
+    Field(ge=0, le=3600 * 10**9),
+    rule("must be from 0 (every flush) to 3600000000000 nanoseconds (an hour)"),
+    Whole,
+]
+_WINDOW = "a window closes at the first flush this long after it opened, ns; 0: every flush"
+
+
+class FalseSharingConfig(Settings):
+    """The false-sharing detector (ms_false_sharing_score): HITM samples per cache line."""
+
+    min_hits: OneOrMore = _key(
+        4, "HITM samples a CPU (or process) needs on a line in a window to share it"
+    )
+    min_sharers: Annotated[int, Field(ge=2), rule("must be 2 or more"), Whole] = _key(
+        2, "CPUs, or processes, sharing a line (min_hits each) to report it"
+    )
+    min_window_ns: WindowNs = _key(0, _WINDOW)
+    max_keys: Keys = _key(
+        1 << 16, "(line, cpu, pid) counts kept per window; past it the coldest are dropped"
+    )
+    max_findings: Findings = _key(100, "lines reported per window at most, the highest scores")
+
+
+class RemoteDramConfig(Settings):
+    """The remote-DRAM detector (ms_remote_dram_hotspot): samples per flow, node, interface."""
+
+    min_samples: OneOrMore = _key(
+        1, "remote-DRAM samples a (flow, node, interface) needs in a window"
+    )
+    min_window_ns: WindowNs = _key(0, _WINDOW)
+    max_keys: Keys = _key(
+        1 << 16, "(flow, node, interface) counts kept per window; past it the coldest drop"
+    )
+    max_findings: Findings = _key(
+        100, "entries reported per window at most, the most samples first"
+    )
+
+
 class AggregatorConfig(Settings):
     """Rollups of samples per flow, function, stack, event and time bucket."""
 
@@ -312,6 +364,9 @@ class SentinelConfig(Settings):
     clickhouse: ClickHouseConfig = Field(default_factory=ClickHouseConfig)
     mock: MockConfig = Field(default_factory=MockConfig)
     targets: TargetsConfig = Field(default_factory=TargetsConfig)
+    # a section per detector, named as it (its keys: the detector's keyword arguments)
+    false_sharing: FalseSharingConfig = Field(default_factory=FalseSharingConfig)
+    remote_dram: RemoteDramConfig = Field(default_factory=RemoteDramConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
     def budget(self, mode: str) -> int:

@@ -4,7 +4,9 @@ samples per cache line) and remote_dram (remote-DRAM samples per flow, NUMA node
 interface).
 
 Every module of this package is imported by `detector_types()`, and each registers
-its detector (`@register`): a new detector is one new module, nothing else to edit.
+its detector (`@register`): a new detector is one new module, and for its thresholds
+to be configurable a section of the config named as it (config/schema.py), whose keys
+are its constructor's keyword arguments.
 A detector module imports only this package, `..records` and `..dataobjects` (the
 runtime imports it, so anything else risks a cycle the import test cannot see here).
 """
@@ -27,5 +29,5 @@ def detector_types() -> dict[str, type[Detector]]:
 
 
 def create_all(ctx: DetectorContext) -> list[Detector]:
-    """One of each registered detector with its default thresholds."""
+    """One of each registered detector, with the thresholds `ctx` sets for it."""
     return [cls.create(ctx) for cls in detector_types().values()]

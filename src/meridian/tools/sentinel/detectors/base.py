@@ -11,8 +11,8 @@ detector's findings the same way.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -63,9 +63,16 @@ class DataObjectLookup(Protocol):
 
 @dataclass(frozen=True)
 class DetectorContext:
-    """What the runtime offers a detector when it creates it."""
+    """What the runtime offers a detector when it creates it: the data objects, and
+    the thresholds set for each detector (its config section, named as the detector:
+    keyword arguments of its constructor; a detector without one keeps its defaults)."""
 
     objects: DataObjectLookup | None = None
+    settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def settings_of(self, name: str) -> dict[str, Any]:
+        """The thresholds set for detector `name`, as keyword arguments."""
+        return dict(self.settings.get(name, {}))
 
 
 class Detector(ABC):
@@ -77,9 +84,9 @@ class Detector(ABC):
 
     @classmethod
     def create(cls, ctx: DetectorContext) -> Detector:
-        """One with its default thresholds, from what the runtime offers (a detector
-        that needs some of it overrides this)."""
-        return cls()
+        """One with the thresholds set for it (`ctx.settings_of(name)`), from what the
+        runtime offers (a detector that needs more of it overrides this)."""
+        return cls(**ctx.settings_of(cls.name))
 
     @abstractmethod
     def observe(self, samples: Array) -> None:

@@ -84,7 +84,7 @@ class FalseSharing(Detector):
 
     @classmethod
     def create(cls, ctx: DetectorContext) -> FalseSharing:
-        return cls(ctx.objects)
+        return cls(ctx.objects, **ctx.settings_of(cls.name))
 
     def observe(self, samples: Array) -> None:
         addr = samples["data_addr"]

@@ -19,9 +19,10 @@ class Frame:
     """One resolved address. `offset` is from the function's start when `function` is
     a symbol; for "[unknown]" it is the address inside `binary` (its ELF address, or
     the file offset), so `binary+offset` still finds the code later. `file` and `line`
-    come from DWARF when the binary carries a small enough line table, else "" and 0.
-    `addr` is the runtime address this frame was made from: it does not take part in
-    equality, so the same code in two processes (or two ASLR layouts) is one frame.
+    come from DWARF when the binary carries a line table (of at most 16 MiB), else ""
+    and 0. `addr` is the runtime address this frame was made from: it does not take
+    part in equality, so the same code in two processes (or two ASLR layouts) is one
+    frame.
     """
 
     binary: str

@@ -16,6 +16,14 @@ pin a mode (`force`), which wins over both until released.
 `SafetyGovernor` is the seed's safety level: while the offered rate (delivered plus
 dropped in the kernel) exceeds the budget, it limits the events per group
 (SHED_HEAVY, exported as `ms_sampling_throttled`), with its own hysteresis.
+
+What a limited group keeps is `shed_rank`'s order, not the order written (which would
+drop `hitm` of [cycles, instructions, llc-misses, hitm] first): the seed samples
+cycles as the base every flow's and function's cost is read against (cpu-clock stands
+in for it without a PMU), and its two detectors live on one event each, hitm (false
+sharing) and remote-dram (NUMA); the generic events (instructions, llc-misses,
+branch-misses, raw codes) only refine rates. So: the base first, then the detectors'
+events, then the generic ones; within a rank, the order written.
 """
 
 from __future__ import annotations
@@ -23,13 +31,45 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from enum import IntEnum
+from typing import Protocol
 
 from ....errors import UsageError
 from ..config.load import SentinelConfig
+from ..model.records import Event
 
-__all__ = ["Clock", "Mode", "ModeController", "SafetyGovernor", "SafetyLevel"]
+__all__ = [
+    "SHED_RANK",
+    "Clock",
+    "Mode",
+    "ModeController",
+    "SafetyGovernor",
+    "SafetyLevel",
+    "shed_rank",
+]
 
 Clock = Callable[[], int]  # nanoseconds, monotonic
+
+# What a shed group keeps first, the lowest rank first (the module's docstring says
+# why); an event not named here is generic, GENERIC_RANK.
+SHED_RANK = {
+    Event.CYCLES: 0,
+    Event.CPU_CLOCK: 0,
+    Event.XSNP_HITM: 1,
+    Event.REMOTE_DRAM: 1,
+}
+GENERIC_RANK = 2
+
+
+class Sampled(Protocol):
+    """An event to sample (sources' EventSpec): its logical event."""
+
+    @property
+    def event(self) -> Event: ...
+
+
+def shed_rank(spec: Sampled) -> int:
+    """An event's rank when the safety level sheds."""
+    return SHED_RANK.get(spec.event, GENERIC_RANK)
 
 
 class Mode(IntEnum):

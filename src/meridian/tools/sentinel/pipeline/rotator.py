@@ -4,6 +4,10 @@ the groups that hold it (as opened: a fallback may make several events one), so 
 sample of it stands for `groups / groups holding it` as many over the whole time:
 `shares()`, one factor of each event's sample scale (pipeline/scales.py).
 
+The safety level limits the events opened per group (`set_max_events`): a group then
+opens the events that rank first (`rank`, the lowest first; the runtime's is
+modes.shed_rank), and among equal ranks those written first, in the group's order.
+
 Generic over the event type: the runtime passes `EventSpec` groups, tests any value.
 """
 
@@ -14,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ["PmuRotator", "rotation_shares"]
+__all__ = ["PmuRotator", "keep", "rotation_shares"]
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -28,8 +32,20 @@ def rotation_shares(opened: Sequence[Iterable[K]]) -> dict[K, float]:
     return {k: len(opened) / n for k, n in held.items()}
 
 
+def keep(group: Sequence[T], n: int | None, rank: Callable[[T], int] | None = None) -> list[T]:
+    """At most `n` events of `group` (None or 0: all): those of the lowest `rank`,
+    among equal ranks those written first (no rank: the first n), in the group's order."""
+    if not n or len(group) <= n:
+        return list(group)
+    if rank is None:
+        return list(group[:n])
+    chosen = sorted(range(len(group)), key=lambda i: (rank(group[i]), i))[:n]
+    return [group[i] for i in sorted(chosen)]
+
+
 class PmuRotator(Generic[T]):
-    """Round-robin over event groups; `tick(now)` returns the new group when it turns."""
+    """Round-robin over event groups; `tick(now)` returns the new group when it turns.
+    `max_events` limits the events of a group, keeping those `rank` puts first."""
 
     def __init__(
         self,
@@ -37,12 +53,14 @@ class PmuRotator(Generic[T]):
         window_ns: int,
         clock: Callable[[], int] = time.monotonic_ns,
         max_events: int | None = None,
+        rank: Callable[[T], int] | None = None,
     ) -> None:
         if window_ns <= 0:
             raise ValueError(f"rotation window must be above 0 ns, got {window_ns}")
         self.window_ns = window_ns
         self.clock = clock
         self.max_events = max_events
+        self.rank = rank
         self.groups: list[list[T]] = []
         self.index = 0
         self.started = 0
@@ -67,6 +85,7 @@ class PmuRotator(Generic[T]):
         return after if after != before else None
 
     def current(self) -> list[T]:
+        """The events of the current group opened under the limit."""
         return self._trimmed(self.groups[self.index])
 
     def schedule(self) -> list[list[T]]:
@@ -79,7 +98,7 @@ class PmuRotator(Generic[T]):
         return rotation_shares([opened(g) for g in self.schedule()])
 
     def _trimmed(self, group: list[T]) -> list[T]:
-        return group[: self.max_events] if self.max_events else list(group)
+        return keep(group, self.max_events, self.rank)
 
     def tick(self, now: int | None = None) -> list[T] | None:
         """The next group when the current one has had its window, else None. One step

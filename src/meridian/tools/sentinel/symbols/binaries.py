@@ -4,10 +4,12 @@ A table is cached by its file's identity (dev, inode, size, mtime), not by path:
 library mapped by a thousand processes is read once, a file replaced under the same
 path is read again, and a container's file opens through the process's root (else by
 its path; a deleted one through map_files). A JIT image written out as an ELF file
-is keyed by its registration instead. Reading a table or decoding its line table is
-what costs (seconds for a big binary): `costly` is called before each, and the
-Symbolizer's raises in cheap mode. Not locked: the Symbolizer calls it under its own
-lock."""
+is keyed by its build id when registered with one (every registration of the image
+shares its table), else by its registration; with a build id, the image is the one
+that has it (`of_jit`). Reading a table or decoding its line table is
+what costs (seconds for a big binary): `costly` is called before each (with the table
+before decoding its lines), and the Symbolizer's raises in cheap mode. Not locked: the
+Symbolizer calls it under its own lock."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..model.frames import UNKNOWN, Frame
-from .elf import ElfSymbols
+from .elf import ElfSymbols, debug_file
 from .perfmap import JitRegion
 from .procview import Mapping
 from .symcache import Lru
@@ -32,7 +34,7 @@ class Binaries:
         proc_root: Path,
         max_binaries: int,
         debug_root: str | None,
-        costly: Callable[[], None],
+        costly: Callable[[ElfSymbols | None], None],
     ) -> None:
         self.proc_root = proc_root
         self.debug_root = debug_root
@@ -55,7 +57,7 @@ class Binaries:
         """The symbol table of a mapping's file; None when none of its places opens.
         The file's identity is looked up once per mapping (`m.resolved`)."""
         if not m.resolved:
-            self.costly()
+            self.costly(None)
             m.resolved = True
             for path in self.candidates(pid, m):
                 try:
@@ -70,7 +72,7 @@ class Binaries:
             return None
         table = self._tables.get(m.binary)
         if table is None:  # evicted since: read it again
-            self.costly()
+            self.costly(None)
             for path in self.candidates(pid, m):
                 if os.path.exists(path):
                     table = ElfSymbols.load(path, self.debug_root)
@@ -79,14 +81,41 @@ class Binaries:
         return table
 
     def of_jit(self, pid: int, region: JitRegion) -> ElfSymbols:
-        """The symbol table of a JIT region registered with an ELF image's path."""
-        key = ("jit", pid, region.start, region.seq)
-        table = self._tables.get(key)
+        """The symbol table of a JIT region registered with an ELF image's path (one
+        that is not ok names no function: the region is then named by its path).
+
+        A registration's build id names the image (the seed's `build_id` of
+        /api/v1/symbols/jit, which registers regions for the symbolization index):
+        the file at the path serves only while it has that build id (a JIT that
+        writes its next image to the same path must not name this region's code),
+        else the debug file by build id under debug_root (a stripped, deleted or
+        replaced image's symbols, as for mapped files); and the image's table is read
+        once for every process and registration of it."""
+        build_id = region.build_id.lower() if region.build_id else None
+        mine = ("jit", pid, region.start, region.seq)
+        image = ("jit-image", build_id) if build_id else None
+        table = self._tables.get(mine)
+        if table is None and image is not None:
+            table = self._tables.get(image)
         if table is None:
-            self.costly()
-            table = ElfSymbols.load(region.name, None)
-            self._tables.put(key, table)
+            self.costly(None)
+            table = self._jit_image(region.name, build_id)
+            # one not found is tried again by the next registration (its image written)
+            self._tables.put(image if image is not None and table.ok else mine, table)
         return table
+
+    def _jit_image(self, path: str, build_id: str | None) -> ElfSymbols:
+        """The table of the image at `path`, or with a build id of the image that has
+        it: the file at `path`, else its debug file; else a table that is not ok."""
+        table = ElfSymbols.load(path, self.debug_root)
+        if build_id is None or table.build_id == build_id:
+            return table
+        found = debug_file(build_id, self.debug_root)
+        if found is not None:
+            debug = ElfSymbols.load(found, None)
+            if debug.ok and debug.build_id in (None, build_id):
+                return debug
+        return ElfSymbols(path)
 
     def frame(self, binary: str, table: ElfSymbols, ip: int, vaddr: int, lines: bool) -> Frame:
         """The frame of `ip` in `binary`, at `vaddr` of its `table`: the function, and
@@ -95,6 +124,6 @@ class Binaries:
         if hit is None:
             return Frame(binary, UNKNOWN, "", 0, ip, vaddr)
         if lines and table.lines_pending:
-            self.costly()
+            self.costly(table)
         source, line = table.line(vaddr) if lines else ("", 0)
         return Frame(binary, hit[0], source, line, ip, hit[1])

@@ -1,5 +1,6 @@
 """One ELF file's load segments and function symbols: what turns an offset inside a
-mapped file into `function+offset`, and into `file:line` where DWARF is cheap.
+mapped file into `function+offset`, and into `file:line` from its DWARF line table
+(dwarflines.py).
 
 pyelftools (the `sentinel` extra) reads the headers and sections; the symbol table
 itself is decoded with numpy in one pass, because a Python object per symbol made
@@ -9,7 +10,7 @@ returns them.
 
 from __future__ import annotations
 
-import os
+import threading
 from array import array
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -19,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from ....errors import ExtraMissing
+from .dwarflines import LineTable, decode_lines
 
-__all__ = ["ElfSymbols", "Segment", "require"]
+__all__ = ["ElfSymbols", "Segment", "debug_file", "require"]
 
 STT_FUNC = 2
 STT_GNU_IFUNC = 10
@@ -29,10 +31,15 @@ BIND_RANK = {1: 0, 2: 1, 0: 2}
 PAGE = 4096
 # A symbol of size 0 (assembly labels) covers up to the next symbol, at most this.
 UNSIZED_SPAN = 4096
-# DWARF line tables larger than this (uncompressed) are not decoded. pyelftools
-# decodes some 60 KB/s (libc's 2 MB table from libc6-dbg took 30 s), so "cheaply
-# available" means a small program's table: at most about a quarter of a second.
-MAX_LINE_BYTES = 16 << 10
+# DWARF line tables larger than this (uncompressed) are not decoded. What bounds it is
+# what a table costs, no longer the symbolizer's lock (the background thread decodes
+# outside it; the bound was 16 KiB for that): dwarflines.py decodes some 4 MB/s and
+# keeps about 2.6 bytes of rows per byte of table, with some 9 bytes per byte at the
+# peak of decoding (libc6-dbg's libc table, 1.3 MB: 0.34 s, 3.3 MB kept, 11 MB peak).
+# At 16 MiB that is some 5 s of one background core, 45 MB kept and 150 MB at the
+# peak for the largest table read: libc's, libstdc++'s, an interpreter's or most
+# programs' tables are read, libLLVM's or a browser's (hundreds of MiB) are not.
+MAX_LINE_BYTES = 16 << 20
 
 
 def require() -> None:
@@ -91,7 +98,8 @@ class ElfSymbols:
     When a separate debug file is installed under `/usr/lib/debug/.build-id/` (the
     distributions' -dbgsym packages) its .symtab and DWARF are used instead.
     `line()` answers from DWARF .debug_line when the file (or its debug file) has one
-    of at most MAX_LINE_BYTES, decoded once on first use; otherwise ("", 0).
+    of at most MAX_LINE_BYTES, decoded once on first use (`decode_lines()`, which
+    another thread may run ahead, outside the caller's locks); otherwise ("", 0).
     """
 
     def __init__(self, path: str) -> None:
@@ -106,7 +114,8 @@ class ElfSymbols:
         self._name_end: array[int] = array("Q")
         self._strtab = b""
         self._line_path: str | None = None  # the file whose DWARF lines to decode
-        self._lines: tuple[array[int], list[str], array[int], array[int]] | None = None
+        self._lines: LineTable | None = None
+        self._lines_lock = threading.Lock()  # one decoding at a time
 
     def __len__(self) -> int:
         return len(self._starts)
@@ -137,7 +146,7 @@ class ElfSymbols:
                     table._read_symbols(elf, ".dynsym")
                 if _line_bytes(elf) <= max_line_bytes:
                     table._line_path = path
-            debug = _debug_file(table.build_id, debug_root)
+            debug = debug_file(table.build_id, debug_root)
             if debug is not None:
                 with open(debug, "rb") as f:
                     elf = ELFFile(f)
@@ -226,17 +235,22 @@ class ElfSymbols:
         """The next line() decodes the line table first (seconds for a big binary)."""
         return self._lines is None and self._line_path is not None
 
+    def decode_lines(self) -> None:
+        """Decode the line table now if it is pending (seconds for a big one); a
+        thread that comes meanwhile waits for this decoding rather than repeating it."""
+        if not self.lines_pending:
+            return
+        with self._lines_lock:
+            if self._lines is None and self._line_path is not None:
+                self._lines = decode_lines(self._line_path)
+
     def line(self, vaddr: int) -> tuple[str, int]:
-        """(source file, line) of vaddr from DWARF, ("", 0) when not cheaply known."""
+        """(source file, line) of vaddr from DWARF, ("", 0) when not known."""
         if self._line_path is None:
             return "", 0
-        if self._lines is None:
-            self._lines = _decode_lines(self._line_path)
-        addrs, files, file_of, lines = self._lines
-        i = bisect_right(addrs, vaddr) - 1
-        if i < 0 or lines[i] == 0:
-            return "", 0
-        return files[file_of[i]], lines[i]
+        self.decode_lines()
+        assert self._lines is not None
+        return self._lines.find(vaddr)
 
 
 def _build_id(elf: Any) -> str | None:
@@ -249,7 +263,9 @@ def _build_id(elf: Any) -> str | None:
     return None
 
 
-def _debug_file(build_id: str | None, debug_root: str | None) -> str | None:
+def debug_file(build_id: str | None, debug_root: str | None) -> str | None:
+    """The separate debug file of `build_id` (lower-case hex) under `debug_root`, as
+    the distributions' -dbgsym packages install it: .build-id/xx/rest.debug."""
     if not build_id or not debug_root or len(build_id) < 3:
         return None
     path = Path(debug_root, ".build-id", build_id[:2], build_id[2:] + ".debug")
@@ -260,61 +276,3 @@ def _line_bytes(elf: Any) -> int:
     """Uncompressed size of .debug_line; a huge number when there is none."""
     section = elf.get_section_by_name(".debug_line")
     return 1 << 62 if section is None else int(section.data_size)
-
-
-def _decode_lines(path: str) -> tuple[array[int], list[str], array[int], array[int]]:
-    """Every row of every line program, sorted by address; an end of sequence is a
-    row with line 0 so addresses past it answer "no line"."""
-    from elftools.common.exceptions import DWARFError, ELFError
-    from elftools.elf.elffile import ELFFile
-
-    rows: list[tuple[int, int, int]] = []
-    files: list[str] = []
-    index: dict[str, int] = {}
-    try:
-        with open(path, "rb") as f:
-            dwarf = ELFFile(f).get_dwarf_info()
-            for cu in dwarf.iter_CUs():
-                prog = dwarf.line_program_for_CU(cu)
-                if prog is None:
-                    continue
-                names = _file_names(prog)
-                for entry in prog.get_entries():
-                    state = entry.state
-                    if state is None:
-                        continue
-                    if state.end_sequence:
-                        rows.append((state.address, 0, 0))
-                        continue
-                    name = names.get(state.file, "")
-                    slot = index.setdefault(name, len(files))
-                    if slot == len(files):
-                        files.append(name)
-                    rows.append((state.address, slot, state.line))
-    except (OSError, ELFError, DWARFError, ValueError, KeyError, IndexError, AssertionError):
-        rows = []
-    rows.sort(key=lambda r: r[0])
-    return (
-        array("Q", [r[0] for r in rows]),
-        files,
-        array("Q", [r[1] for r in rows]),
-        array("Q", [r[2] for r in rows]),
-    )
-
-
-def _file_names(prog: Any) -> dict[int, str]:
-    """Line-program file index -> path (DWARF 5 counts from 0, older versions from 1)."""
-    header = prog.header
-    v5 = header["version"] >= 5
-    dirs = [_text(d) for d in header.get("include_directory", [])]
-    out: dict[int, str] = {}
-    for i, entry in enumerate(header.get("file_entry", [])):
-        name = _text(entry.name)
-        d = entry.dir_index if v5 else entry.dir_index - 1
-        folder = dirs[d] if 0 <= d < len(dirs) else ""
-        out[i if v5 else i + 1] = os.path.join(folder, name) if folder else name
-    return out
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

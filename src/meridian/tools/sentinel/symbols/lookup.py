@@ -14,7 +14,9 @@ binary and offset when the mapping is known). Caches are bounded LRUs: a view pe
 process (procview.py), a symbol table per binary (binaries.py), frames keyed by (pid,
 view, ip) so that a replaced view's frames age out (symcache.py).
 In cheap mode (`_cheap` set, under the lock) whatever would need a slow read (a
-binary's symbols or line table, kallsyms, a perf map) raises `Costly` instead.
+binary's symbols or line table, kallsyms, a perf map) raises `Costly` instead; with
+`_lines_later` set, a line table to decode does too (the Symbolizer's warm() decodes
+it outside the lock, as it can take seconds).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from ..model.frames import JIT, KERNEL, UNKNOWN, Frame
 from .binaries import Binaries
+from .elf import ElfSymbols
 from .kallsyms import KernelSymbols, is_kernel
 from .perfmap import JitRegion, JitRegions
 from .procview import Process, ProcessViews
@@ -41,7 +44,12 @@ USER_END = 1 << 56
 
 class Costly(Exception):
     """Raised in cheap mode where an answer would need a slow read (a binary's symbols
-    or line table, kallsyms, a perf map): the address is noted for warm()."""
+    or line table, kallsyms, a perf map): the address is noted for warm(). `lines`:
+    the table whose line table is what the answer waits for."""
+
+    def __init__(self, lines: ElfSymbols | None = None) -> None:
+        super().__init__()
+        self.lines = lines
 
 
 class AddressLookup:
@@ -82,6 +90,7 @@ class AddressLookup:
         self._jit: Lru[int, JitRegions] = Lru(max_processes)
         self._jit_gen = 0
         self._cheap = False  # cheap mode: _costly() raises
+        self._lines_later = False  # _costly(table) raises: the caller decodes the lines
 
     def frame(self, pid: int, ip: int) -> Frame:
         """The frame of `ip` in process `pid`; "[unknown]" rather than an exception."""
@@ -118,9 +127,11 @@ class AddressLookup:
             return made, True
         return made, False
 
-    def _costly(self) -> None:
-        if self._cheap:
-            raise Costly
+    def _costly(self, lines: ElfSymbols | None = None) -> None:
+        """Before a slow read (`lines`: decoding that table's lines): raises Costly in
+        cheap mode, and before decoding lines when they are to be decoded later."""
+        if self._cheap or (lines is not None and self._lines_later):
+            raise Costly(lines)
 
     def load_kernel(self) -> None:
         """Read kallsyms now, if not read yet (about 50 ms for 120,000 symbols): the
@@ -135,7 +146,9 @@ class AddressLookup:
     ) -> None:
         """Code in [start, end) of `pid` belongs to `path`. When `path` is an ELF file
         (a JIT'ed image written out) its symbols name the code, `start` being where the
-        image's first PT_LOAD page sits; otherwise the region is one function, `path`."""
+        image's first PT_LOAD page sits; otherwise the region is one function, `path`.
+        `build_id` (hex) names the image: only an image with that build id (the file at
+        `path`, else its debug file by build id) names the code (binaries.of_jit)."""
         pid, start, end = int(pid), int(start), int(end)
         with self._lock:
             self._jit_gen += 1

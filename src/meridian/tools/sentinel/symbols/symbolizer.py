@@ -8,7 +8,8 @@ answers for (pid, ip) and (pid, ips) cached per state. `forget(pid)` drops a pro
 
 Cheap mode (`function_ids`/`stack_id` with cheap=True) answers only from what is
 loaded: the agent's consumer must keep up. What needs a slow read gets a provisional
-id (provisional.py) that `warm()` (a background thread) resolves once it has read it;
+id (provisional.py) that `warm()` (a background thread) resolves once it has read it
+(a line table, which can take seconds, decoded outside the lock);
 `function_key`, `stack` and `canonical_function`/`canonical_stack` answer for it from
 then on. Past the bound of pending provisional ids, the caller's `unresolved`.
 
@@ -220,10 +221,14 @@ class Symbolizer(AddressLookup):
                 if not self._misses:
                     break
                 key, _ = self._misses.popitem(last=False)
+                lines = self._read(key)
+                if lines is None:
+                    self._settle_read(key)
+                    continue
+            lines.decode_lines()  # outside the lock: the consumer goes on meanwhile
+            with self._lock:
                 self._frame(*key)
-                ident = self._pfunctions.pending_id(key)
-                if ident is not None:  # resolved while its answer is fresh
-                    self._settle_function(ident, key)
+                self._settle_read(key)
         else:  # the budget is spent: the rest waits for the next call
             return self.waiting()
         self._settle(end)
@@ -231,6 +236,25 @@ class Symbolizer(AddressLookup):
             if not self._misses:
                 self.missed.clear()
         return self.waiting()
+
+    def _read(self, key: tuple[int, int]) -> elf.ElfSymbols | None:
+        """warm()'s slow reads for (pid, ip), under the lock, but a line table: the
+        table whose lines are still to decode (None: nothing left to decode)."""
+        self._lines_later = True
+        try:
+            self._frame(*key)
+        except Costly as exc:
+            return exc.lines
+        finally:
+            self._lines_later = False
+        return None
+
+    def _settle_read(self, key: tuple[int, int]) -> None:
+        """The provisional id waiting for (pid, ip), resolved now that it is read (while
+        its answer is fresh). Under the lock."""
+        ident = self._pfunctions.pending_id(key)
+        if ident is not None:
+            self._settle_function(ident, key)
 
     def waiting(self) -> int:
         """Addresses waiting for a read, and provisional ids for their resolution."""
