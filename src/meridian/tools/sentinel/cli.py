@@ -17,8 +17,9 @@ from ...flags import add_command, add_duration, add_json, add_pid
 __all__ = ["EXAMPLES", "add_parser", "check_host", "config_from_args", "run"]
 
 EXAMPLES = """examples:
-  meridian sentinel                            # sample cheaply, live top flows (Ctrl-C ends)
-  meridian sentinel --duration 30              # 30 s, then the top flows with their stacks
+  meridian sentinel                            # sample cheaply, live top services (Ctrl-C ends)
+  meridian sentinel --duration 30              # 30 s, then the top services with their stacks
+  meridian sentinel --duration 30 --by flow    # one row per 5-tuple, not per service
   meridian sentinel --mode diagnostic -F 4999  # richer events, higher budget and frequency
   meridian sentinel --events 'cycles,llc-misses;branch-misses'   # two groups taking turns
   meridian sentinel --events raw:0x1cd:0x1e    # a raw PMU code (config1 after the colon)
@@ -31,6 +32,7 @@ EXAMPLES = """examples:
   meridian sentinel --data-dir /var/lib/ms      # rollups, stacks, names in embedded ClickHouse
   meridian sentinel --clickhouse-url http://ch:8123 --clickhouse-password-file pw   # a server
   meridian sentinel query top-flows --since 10m --data-dir /var/lib/ms   # the store's top
+  meridian sentinel query top-services --since 1h --data-dir /var/lib/ms   # by service
   meridian sentinel query flow 245eaf80ddcc96c7 --flamegraph flow.svg --data-dir /var/lib/ms
   meridian sentinel --print-config > sentinel.yaml   # every key with its default
   meridian sentinel --config sentinel.yaml -v  # from a file; -v names strategy and events
@@ -97,6 +99,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     _switch(p, "--perf-mock", "synthetic samples, no kernel (demos and tests)")
     p.add_argument("--mock-period-ms", metavar="MS", help="ms between two mock batches")
     add_duration(p)
+    p.add_argument(
+        "--by",
+        choices=["service", "flow"],
+        default=None,
+        help="rows of the live table and the summary: one per service, the listening "
+        "address, port and protocol (default; --json adds `services` beside `flows`), "
+        "or one per flow (5-tuple)",
+    )
     add_json(p, "one JSON object per flush window, and one summary object", default=None)
     p.add_argument(
         "-v",
