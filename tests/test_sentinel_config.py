@@ -374,7 +374,7 @@ def test_the_limits_hold_on_the_command_line() -> None:
             "unknown key run.latency_ewma: did you mean anomaly.latency_ewma_alpha?",
         ),
         ("aggregate:\n  flush_interval: 1\n", "unknown key aggregate: did you mean aggregator?"),
-        ("run:\n  zzz: 1\n", "unknown key run.zzz; known: duration, json, verbose"),
+        ("run:\n  zzz: 1\n", "unknown key run.zzz; known: duration, json, group_by, verbose"),
     ],
 )
 def test_an_unknown_key_names_the_closest_one(text: str, want: str) -> None:

@@ -30,8 +30,9 @@ MOCK = ["--perf-mock", "--mock-period-ms=25"]
 # the mock's 1,000 samples/s stay far below this budget on any number of CPUs, so the
 # mode controller keeps sentinel mode
 CALM = "--samples-per-sec=20000"
-# the mock's RX TCP flow, as a person reads it
+# the mock's RX TCP flow, as a person reads it, and its service (the summary's default)
 RX_FLOW = "10.0.0.2:43012 -> 10.0.0.1:5201 tcp"
+RX_SERVICE = "10.0.0.1:5201 tcp (1 flow)"
 
 
 def free_port() -> int:
@@ -187,7 +188,7 @@ def test_seed_check_as_written(procs: list[subprocess.Popen[str]]) -> None:
     out, err, took = stop(p)
     assert p.returncode == 0, err
     assert took < STOP_BOUND_S
-    assert RX_FLOW in out
+    assert RX_SERVICE in out
 
 
 def test_json_windows_carry_flows(procs: list[subprocess.Popen[str]]) -> None:
@@ -224,6 +225,31 @@ def test_json_windows_carry_flows(procs: list[subprocess.Popen[str]]) -> None:
     assert summary["samples"] > 0
     top = summary["flows"][0]
     assert top["stacks"] and top["stacks"][0]["frames"][0].startswith("mock_")
+    # by service (the default): `services` beside `flows`, the same samples
+    for o in [*busy, summary]:
+        services = {(r["service"], r["direction"], r["event"]): r for r in o["services"]}
+        for r in o["flows"]:
+            if r.get("label") == RX_FLOW:
+                svc = services[("10.0.0.1:5201 tcp", r["direction"], r["event"])]
+                assert (svc["samples"], svc["flows"], svc["port"]) == (r["samples"], 1, 5201)
+    assert summary["services"][0]["stacks"]
+
+
+def test_by_flow_lists_the_5_tuples(procs: list[subprocess.Popen[str]]) -> None:
+    """--by flow: the summary's rows are 5-tuples, the --json objects have no
+    `services` (by service, the default, the summary says how to get them:
+    test_signal_prints_summary_and_exits_0)."""
+    p = start(*MOCK, CALM, "--metrics-port=0", "--duration", "1.5", "--by", "flow")
+    procs.append(p)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert RX_FLOW in out and RX_SERVICE not in out and "--by flow" not in out
+    assert "\nFLOW " in out
+    p = start(*MOCK, CALM, "--metrics-port=0", "--duration", "1.5", "--by=flow", "--json")
+    procs.append(p)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert not [line for line in out.splitlines() if "services" in json.loads(line)]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -237,7 +263,7 @@ def test_signal_prints_summary_and_exits_0(procs: list[subprocess.Popen[str]], s
     assert took < STOP_BOUND_S, took
     assert "Traceback" not in err
     assert "samples in" in out  # the summary's first line
-    assert RX_FLOW in out
+    assert RX_SERVICE in out and "\nSERVICE " in out and "(--by flow: 5-tuples)" in out
     assert "HOTTEST FUNCTION" in out
     assert "mock_" in out  # functions and stacks are named
 

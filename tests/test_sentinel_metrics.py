@@ -181,9 +181,10 @@ def test_flow_rows_from_rollups() -> None:
     names = FlowNames()
     names.add({FLOW_A: FlowKey("10.0.0.1", "10.0.0.2", 5201, 43012, "tcp")})
     rows = flow_rows(rollups, names)
+    a = ("10.0.0.1", "10.0.0.2", 5201, 43012, "tcp", "10.0.0.1", 5201)  # service: :5201
     assert rows == [
-        FlowRow(FLOW_A, "llc-misses", "rx", 4, 8.0, "10.0.0.1", "10.0.0.2", 5201, 43012, "tcp"),
-        FlowRow(FLOW_A, "cpu-clock", "tx", 1, 0.5, "10.0.0.1", "10.0.0.2", 5201, 43012, "tcp"),
+        FlowRow(FLOW_A, "llc-misses", "rx", 4, 8.0, *a),
+        FlowRow(FLOW_A, "cpu-clock", "tx", 1, 0.5, *a),
         FlowRow(0, "cpu-clock", "rx", 4, 4.0),
     ]
     assert flow_rows(rollups[3:], None, event_name=lambda e: f"e{e}") == [

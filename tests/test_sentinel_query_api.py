@@ -80,6 +80,11 @@ def test_queries_go_through_the_agent_that_holds_the_store(
     functions = [x for x in lines if x.get("type") == "function"]
     assert functions and all(str(f["function"]).startswith("mock_") for f in functions)
     assert "</svg>" in svg.read_text()
+    # top-services through the agent: the mock's flows by their listening side
+    r = query("top-services", "--data-dir", str(store), "--json", "--since", "1h")
+    assert r.returncode == 0, r.stderr
+    services = {(x["service"], x["direction"]) for x in map(json.loads, r.stdout.splitlines())}
+    assert ("10.0.0.1:5201 tcp", "rx") in services
 
 
 def test_without_an_api_the_held_store_is_one_line(agent: tuple[Path, list[str]]) -> None:

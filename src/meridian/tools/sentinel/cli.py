@@ -17,8 +17,9 @@ from ...flags import add_command, add_duration, add_json, add_pid
 __all__ = ["EXAMPLES", "add_parser", "check_host", "config_from_args", "run"]
 
 EXAMPLES = """examples:
-  meridian sentinel                            # sample cheaply, live top flows (Ctrl-C ends)
-  meridian sentinel --duration 30              # 30 s, then the top flows with their stacks
+  meridian sentinel                            # sample cheaply, live top services (Ctrl-C ends)
+  meridian sentinel --duration 30              # 30 s, then the top services with their stacks
+  meridian sentinel --duration 30 --by flow    # one row per 5-tuple, not per service
   meridian sentinel --mode diagnostic -F 4999  # richer events, higher budget and frequency
   meridian sentinel --events 'cycles,llc-misses;branch-misses'   # two groups taking turns
   meridian sentinel --events raw:0x1cd:0x1e    # a raw PMU code (config1 after the colon)
@@ -32,6 +33,7 @@ EXAMPLES = """examples:
   meridian sentinel --data-dir /var/lib/ms      # rollups, stacks, names in embedded ClickHouse
   meridian sentinel --clickhouse-url http://ch:8123 --clickhouse-password-file pw   # a server
   meridian sentinel query top-flows --since 10m --data-dir /var/lib/ms   # the store's top
+  meridian sentinel query top-services --since 1h --data-dir /var/lib/ms   # by service
   meridian sentinel query flow 245eaf80ddcc96c7 --flamegraph flow.svg --data-dir /var/lib/ms
   meridian sentinel --print-config > sentinel.yaml   # every key with its default
   meridian sentinel --config sentinel.yaml -v  # from a file; -v names strategy and events
@@ -84,23 +86,19 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     lbr += "(alone: the sample's own records), snapshot or off; refused where the CPU has no LBR"
     p.add_argument("--lbr", nargs="?", const="on", metavar="MODE", help=lbr)
     add_pid(p, "only this process (repeatable, or PID,PID)")
-    p.add_argument("--metrics-port", metavar="PORT", help="serve /metrics here (0: any port)")
-    p.add_argument("--metrics-address", metavar="HOST", help="address of /metrics")
-    p.add_argument("--api-port", metavar="PORT", help="serve the control plane /api/v1 (0: any)")
-    p.add_argument("--api-address", metavar="HOST", help="its address (default 127.0.0.1)")
-    p.add_argument("--api-token-file", metavar="FILE", help="the API requires this bearer token")
-    for flag, metavar, text in (
-        ("--data-dir", "DIR", "store in embedded ClickHouse (chDB) here"),
-        ("--clickhouse-url", "URL", "store on this ClickHouse server (HTTP)"),
-        ("--clickhouse-user", "USER", "ClickHouse user (default: default)"),
-        ("--clickhouse-password-file", "FILE", "file holding the ClickHouse password"),
-        ("--spool-dir", "DIR", "batches not yet stored wait here (default: see --print-config)"),
-    ):
-        p.add_argument(flag, metavar=metavar, help=text)
+    _serving_and_storage(p)
     _switch(p, "--raw-samples", "store every sample too (ms_raw_samples), not only rollups")
     _switch(p, "--perf-mock", "synthetic samples, no kernel (demos and tests)")
     p.add_argument("--mock-period-ms", metavar="MS", help="ms between two mock batches")
     add_duration(p)
+    p.add_argument(
+        "--by",
+        choices=["service", "flow"],
+        default=None,
+        help="rows of the live table and the summary: one per service, the listening "
+        "address, port and protocol (default; --json adds `services` beside `flows`), "
+        "or one per flow (5-tuple)",
+    )
     add_json(p, "one JSON object per flush window, and one summary object", default=None)
     p.add_argument(
         "-v",
@@ -113,6 +111,23 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
     add_query_parser(p.add_subparsers(dest="command", metavar="COMMAND"))
     return p
+
+
+def _serving_and_storage(p: argparse.ArgumentParser) -> None:
+    """/metrics, the control plane and the store: where each is."""
+    for flag, metavar, text in (
+        ("--metrics-port", "PORT", "serve /metrics here (0: any port)"),
+        ("--metrics-address", "HOST", "address of /metrics"),
+        ("--api-port", "PORT", "serve the control plane /api/v1 (0: any)"),
+        ("--api-address", "HOST", "its address (default 127.0.0.1)"),
+        ("--api-token-file", "FILE", "the API requires this bearer token"),
+        ("--data-dir", "DIR", "store in embedded ClickHouse (chDB) here"),
+        ("--clickhouse-url", "URL", "store on this ClickHouse server (HTTP)"),
+        ("--clickhouse-user", "USER", "ClickHouse user (default: default)"),
+        ("--clickhouse-password-file", "FILE", "file holding the ClickHouse password"),
+        ("--spool-dir", "DIR", "batches not yet stored wait here (default: see --print-config)"),
+    ):
+        p.add_argument(flag, metavar=metavar, help=text)
 
 
 def _switch(p: argparse.ArgumentParser, flag: str, help: str) -> None:

@@ -39,22 +39,27 @@ SCALES_S = 0.25  # how often it reads the events' enabled and running times
 
 class FlowNamer:
     """The source's flow names, asked for only when samples carry a flow it has not
-    named yet, and at most every NAMES_S (the kernel's reads its whole LRU map)."""
+    named yet, and at most every NAMES_S (the kernel's reads its whole LRU map); and
+    when a window is about to end (`force`) while such a flow waits, so that the
+    window's rows have their 5-tuples, and their services."""
 
     def __init__(self, names: RuntimeNames) -> None:
         self.names = names
         self._named = np.zeros(0, dtype=np.uint64)  # flow ids the source named, sorted
         self._next = 0.0  # when the source may be asked again
+        self._waiting = False  # samples carried a flow not named since the last ask
 
-    def update(self, src: SampleSource, flow_ids: Array) -> None:
+    def update(self, src: SampleSource, flow_ids: Array, force: bool = False) -> None:
         ids = np.unique(flow_ids)
         ids = ids[(ids != 0) & ~np.isin(ids, self._named, assume_unique=True)]
-        if not len(ids):
+        self._waiting |= bool(len(ids))
+        if not self._waiting:
             return
         now = time.monotonic()
-        if now < self._next:
+        if now < self._next and not force:
             return
         self._next = now + NAMES_S
+        self._waiting = False
         new = src.new_flows()
         if not new:
             return
@@ -150,6 +155,8 @@ class Consumer:
             samples, lbr = src.poll(POLL_S)
             small = len(samples) < SMALL_BATCH
             self._take(samples, lbr)
+            if asked > self._served:  # a window ends: the names of its flows
+                self.flows.update(src, samples["flow_id"][:0], force=True)
             now = state.clock()
             if now >= next_cal:
                 self.calibrator.calibrate(self.cpus)
@@ -177,6 +184,7 @@ class Consumer:
         samples, lbr = self.source.poll(0)
         self._take(samples, lbr)
         rest = self.skew.flush()
+        self.flows.update(self.source, rest["flow_id"], force=True)
         if len(rest):
             kept = self.targets.apply(rest)
             self._add(kept, self.branches.take(kept))

@@ -13,6 +13,7 @@ import numpy as np
 from ..model.records import IDLE
 from ..model.rollup import UNRESOLVED
 from ..model.rollup import rollups as to_rollups
+from ..model.services import ServiceTotals
 from ..model.window import Totals, Window, WindowInfo, flow_stats
 from ..outputs.metrics import MetricsSnapshot, SentinelMetrics, flow_rows
 from ..pipeline.aggregator import Aggregator
@@ -42,6 +43,7 @@ class Flusher:
     names: RuntimeNames
     metrics: SentinelMetrics
     totals: Totals
+    services: ServiceTotals
     catch_up: Callable[[float], None]
     started_ns: int
     _last_flush: int = field(init=False)
@@ -113,6 +115,7 @@ class Flusher:
         )
         stats = flow_stats(rollups)
         self.totals.add(stats)
+        self.services.add(stats)
         window = Window(
             self._index, now - round(seconds * 1e9), now, info, rows, rollups, stats, final
         )

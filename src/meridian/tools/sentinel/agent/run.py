@@ -190,10 +190,10 @@ def _add_observers(rt: Runtime, cfg: SentinelConfig, out: TextIO, err: TextIO) -
             "(set clickhouse.enabled: true)"
         )
     if cfg.run.json:
-        rt.add_observer(JsonView(out, rt.names, cfg.metrics.top_flows))
+        rt.add_observer(JsonView(out, rt.names, cfg.metrics.top_flows, cfg.run.group_by))
         return None
     if out.isatty():
-        live = LiveView(out, rt.names)
+        live = LiveView(out, rt.names, by=cfg.run.group_by)
         rt.add_observer(live)
         return live
     return None
@@ -213,19 +213,20 @@ def _add_store(rt: Runtime, cfg: SentinelConfig, err: TextIO) -> None:
 
 
 def _summary(rt: Runtime, cfg: SentinelConfig, out: TextIO) -> None:
-    """The run's top flows, and what became of the rows handed to storage (the sink is
-    closed by now: what it holds is what this run leaves unsent)."""
+    """The run's top services or flows (--by), and what became of the rows handed to
+    storage (the sink is closed by now: what it holds is what this run leaves unsent)."""
     sink = rt.state.observers.sink()
     stored = sink.stats() if sink is not None else None
+    services = rt.services if cfg.run.group_by == "service" else None
     if cfg.run.json:
         from ....output import dumps
 
-        obj = summary_json(rt.totals, rt.seconds, rt.info, rt.names)
+        obj = summary_json(rt.totals, rt.seconds, rt.info, rt.names, services=services)
         if stored is not None:
             obj["storage"] = stored.summary()
         out.write(dumps(obj) + "\n")
     else:
-        render_summary(rt.totals, rt.seconds, rt.info, rt.names, out)
+        render_summary(rt.totals, rt.seconds, rt.info, rt.names, out, services=services)
         for line in stored.summary_lines() if stored is not None else []:
             print(line, file=out)
     out.flush()

@@ -44,6 +44,7 @@ from ....bpf.perf import online_cpus
 from ..config.load import SentinelConfig
 from ..model.flows import FlowNames
 from ..model.records import SampleSource
+from ..model.services import ServiceTotals
 from ..model.window import Totals, WindowInfo
 from ..outputs.metrics import SentinelMetrics
 from ..pipeline.aggregator import Aggregator
@@ -97,9 +98,10 @@ class Runtime:
             symbolizer = _Symbolizer(proc_root=proc_root)
         self.symbolizer = symbolizer
         self.state = RuntimeState(cfg, log or _stderr, clock, observers)
-        self.names = RuntimeNames(FlowNames(), threading.Lock(), symbolizer)
-        self.metrics = SentinelMetrics(cfg.metrics.top_flows)
+        self.names = RuntimeNames(FlowNames(), threading.Lock(), symbolizer, proc_root)
+        self.metrics = SentinelMetrics(cfg.metrics.top_flows, cfg.metrics.top_services)
         self.totals = Totals()
+        self.services = ServiceTotals(self.names.service)
         self.plan = Plan(self.state, len(self.cpus))
         self.targets = TargetFilter(cfg.targets.as_targets())
         self.calibrator = ClockCalibrator()
@@ -141,6 +143,7 @@ class Runtime:
             names=self.names,
             metrics=self.metrics,
             totals=self.totals,
+            services=self.services,
             catch_up=consumer.catch_up,
             started_ns=self.started_ns,
         )

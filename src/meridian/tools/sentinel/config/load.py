@@ -155,6 +155,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "mock_period_ms": ("mock.period_ms", "--mock-period-ms"),
     "duration": ("run.duration", "--duration"),
     "json": ("run.json", "--json"),
+    "by": ("run.group_by", "--by"),
     "verbose": ("run.verbose", "-v"),
 }
 # a flag that names what to serve or store turns it on

@@ -268,6 +268,9 @@ class MetricsConfig(Settings):
     listen_address: Host = _key("127.0.0.1", "address to serve on (--metrics-address)")
     listen_port: Port = _key(9102, "port to serve on, 0: any free port (--metrics-port)")
     top_flows: OneOrMore = _key(50, "flows with series of their own; the rest sum into flow=other")
+    top_services: OneOrMore = _key(
+        50, "services with series of their own; the rest sum into service_addr=other"
+    )
 
 
 class ControlPlaneConfig(Settings):
@@ -349,6 +352,11 @@ with warnings.catch_warnings():
             Annotated[float, Field(gt=0), rule("must be above 0 seconds"), DURATION] | None
         ) = _key(None, "stop after this many seconds; null: at Ctrl-C")
         json: bool = _key(False, "print one JSON object per flush window (--json)")  # type: ignore[assignment]
+        group_by: Literal["service", "flow"] = _key(
+            "service",
+            "rows of the live table and the summary: one per service (the listening "
+            "address, port and protocol) or one per flow (5-tuple) (--by)",
+        )
         verbose: ZeroOrMore = _key(0, "detail on stderr: strategies, mode changes (-v)")
 
 

@@ -1,6 +1,12 @@
-"""What people see of `meridian sentinel`: the live table of the top flows (redrawn
-every flush window on a terminal, like `io --top`), the summary on exit (top flows
-with their hottest functions and stacks), and one JSON object per flush window.
+"""What people see of `meridian sentinel`: the live table of the top services or flows
+(redrawn every flush window on a terminal, like `io --top`), the summary on exit (top
+services or flows with their hottest functions and stacks), and one JSON object per
+flush window.
+
+`by="service"` (run.group_by, --by: the command's default) groups the flows by their
+listening side (model/services.py: `10.0.0.1:8080 tcp (412 flows)`), `by="flow"` (the
+functions' default) shows one row per 5-tuple. The JSON objects carry `flows` either
+way (what scripts read) and `services` beside them when grouped by service.
 
 Everything here is a pure function of aggregator rollups and a `Names` lookup (flow
 5-tuples, function names, stack frames), so it is tested without a kernel or a
@@ -23,12 +29,14 @@ from typing import Any, TextIO
 from ....output import dumps, fmt_scaled, print_table
 from ....screen import Screen, frame, terminal_size
 from ..model.rollup import PROVISIONAL_BASE
+from ..model.services import ServiceStat, ServiceTotals, service_lookup, service_stats
 from ..model.window import (
     FlowStat,
     Names,
     Totals,
     Window,
     WindowInfo,
+    direction_name,
     event_name,
     row_direction,
     row_label,
@@ -45,6 +53,8 @@ __all__ = [
 ]
 
 LIVE_HEADER = ("FLOW", "DIR", "EVENT", "SAMPLES", "NORM COST", "HOTTEST FUNCTION")
+BY = ("service", "flow")
+BY_SERVICE = "by service: flows grouped by listening address, port, protocol (--by flow: 5-tuples)"
 
 
 def _merge(names: Names, what: str) -> Callable[[int], int] | None:
@@ -82,10 +92,38 @@ def _flows(stats: Sequence[FlowStat]) -> int:
     return len({s.flow_id for s in stats if s.flow_id})
 
 
+def _service(s: FlowStat) -> ServiceStat | None:
+    """A service's row (not a row of one unnamed flow, or of no flow, in the service
+    view)."""
+    return s if isinstance(s, ServiceStat) and s.service is not None else None
+
+
+def _label(s: FlowStat, names: Names) -> str:
+    """`10.0.0.1:8080 tcp (412 flows)` for a service, else row_label's."""
+    svc = _service(s)
+    return f"{svc.service} ({svc.flows_text()})" if svc is not None else row_label(s, names)
+
+
+def _direction(s: FlowStat) -> str:
+    return direction_name(s.direction) if _service(s) is not None else row_direction(s)
+
+
+def _grouped(stats: Sequence[FlowStat], names: Names, by: str) -> Sequence[FlowStat]:
+    """The rows of a window as `by` says: per service, or the flows as they are."""
+    if by not in BY:
+        raise ValueError(f"by must be one of {BY}, got {by!r}")
+    return service_stats(stats, service_lookup(names)) if by == "service" else stats
+
+
+def _services(rows: Sequence[FlowStat]) -> int:
+    """Distinct services among the rows."""
+    return len({svc.service for s in rows if (svc := _service(s)) is not None})
+
+
 def _cells(s: FlowStat, names: Names) -> list[str]:
     return [
-        row_label(s, names),
-        row_direction(s),
+        _label(s, names),
+        _direction(s),
         event_name(s.event),
         str(s.samples),
         fmt_scaled(s.norm_cost),
@@ -93,10 +131,14 @@ def _cells(s: FlowStat, names: Names) -> list[str]:
     ]
 
 
-def _widths(rows: list[list[str]], cols: int) -> list[int]:
+def _header(by: str, header: tuple[str, ...] = LIVE_HEADER) -> tuple[str, ...]:
+    return ("SERVICE", *header[1:]) if by == "service" else header
+
+
+def _widths(rows: list[list[str]], cols: int, header: Sequence[str] = LIVE_HEADER) -> list[int]:
     """Column widths: the flow column as wide as its longest 5-tuple (capped), the
     function column takes what is left of the terminal."""
-    w = [len(h) for h in LIVE_HEADER]
+    w = [len(h) for h in header]
     for r in rows:
         w = [max(a, len(c)) for a, c in zip(w, r, strict=True)]
     w[0] = min(w[0], 56)
@@ -117,24 +159,29 @@ def render_live(
     names: Names,
     size: tuple[int, int] = (120, 40),
     clock: str | None = None,
+    by: str = "flow",
 ) -> str:
     """One frame of the live table, with ANSI codes, cut to the terminal's size."""
     cols, lines = size
     now = clock if clock is not None else time.strftime("%H:%M:%S")
     flows = _flows(stats)
+    grouped = _grouped(stats, names, by)
+    services = _services(grouped)
     dropped = info.dropped_text()
     head = [
         f"meridian sentinel  {now}  {info.mode} mode  every {info.seconds:.1f}s  "
         f"source: {info.source}",
         f"samples/s {info.samples_per_sec:.0f}  scale {info.scales_text()}  flows {flows}"
+        + (f"  services {services}" if by == "service" else "")
         + (f"  events {','.join(info.events)}" if info.events else "")
         + ("  THROTTLED" if info.throttled else "")
         + (f"  dropped: {dropped}" if dropped else ""),
         "",
     ]
-    rows = [_cells(s, names) for s in stats[: max(0, lines - len(head) - 2)]]
-    w = _widths(rows, cols)
-    body = [_line(LIVE_HEADER, w)] + [_line(r, w) for r in rows]
+    rows = [_cells(s, names) for s in grouped[: max(0, lines - len(head) - 2)]]
+    header = _header(by)
+    w = _widths(rows, cols, header)
+    body = [_line(header, w)] + [_line(r, w) for r in rows]
     if not rows:
         body.append("(no samples in this window)")
     return frame(head + body, cols)
@@ -153,10 +200,21 @@ def _flow_fields(s: FlowStat, names: Names) -> dict[str, Any]:
     return out
 
 
+def _service_fields(s: FlowStat, names: Names) -> dict[str, Any]:
+    """A service row's service and flow count; for a row of one unnamed flow (or of
+    no flow) in the service view, service null and the flow's fields."""
+    svc = _service(s)
+    if svc is None or svc.service is None:
+        return {"service": None, **_flow_fields(s, names)}
+    k = svc.service
+    out = {"service": str(k), "addr": k.addr, "port": k.port, "proto": k.proto}
+    return {**out, "flows": svc.flows, "more_flows": svc.more_flows}
+
+
 def _row_json(s: FlowStat, names: Names, stacks: int = 0) -> dict[str, Any]:
-    out = _flow_fields(s, names)
+    out = _service_fields(s, names) if isinstance(s, ServiceStat) else _flow_fields(s, names)
     out.update(
-        direction=row_direction(s) or None,
+        direction=_direction(s) or None,
         event=event_name(s.event),
         samples=s.samples,
         norm_cost=round(s.norm_cost, 6),
@@ -179,10 +237,16 @@ def _row_json(s: FlowStat, names: Names, stacks: int = 0) -> dict[str, Any]:
 
 
 def window_json(
-    index: int, stats: Sequence[FlowStat], info: WindowInfo, names: Names, top: int = 50
+    index: int,
+    stats: Sequence[FlowStat],
+    info: WindowInfo,
+    names: Names,
+    top: int = 50,
+    by: str = "flow",
 ) -> dict[str, Any]:
-    """The `--json` object of one flush window: its state and its top flows."""
-    return {
+    """The `--json` object of one flush window: its state and its top flows (and
+    services, by="service")."""
+    out = {
         "type": "window",
         "window": index,
         "wall_ns": info.wall_ns,
@@ -198,13 +262,24 @@ def window_json(
         "flows_total": _flows(stats),
         "flows": [_row_json(s, names) for s in stats[:top]],
     }
+    if by == "service":
+        services = _grouped(stats, names, by)
+        out["services_total"] = _services(services)
+        out["services"] = [_row_json(s, names) for s in services[:top]]
+    return out
 
 
 def summary_json(
-    totals: Totals, seconds: float, info: WindowInfo, names: Names, top: int = 20
+    totals: Totals,
+    seconds: float,
+    info: WindowInfo,
+    names: Names,
+    top: int = 20,
+    services: ServiceTotals | None = None,
 ) -> dict[str, Any]:
-    """The `--json` object on exit: the whole run's top flows with stacks."""
-    return {
+    """The `--json` object on exit: the whole run's top flows with stacks (and top
+    services, when given)."""
+    out = {
         "type": "summary",
         "seconds": round(seconds, 6),
         "windows": totals.windows,
@@ -215,6 +290,9 @@ def summary_json(
         "dropped": dict(info.dropped),
         "flows": [_row_json(s, names, stacks=3) for s in totals.top(top)],
     }
+    if services is not None:
+        out["services"] = [_row_json(s, names, stacks=3) for s in services.top(top)]
+    return out
 
 
 SUMMARY_HEADER = ("FLOW", "DIR", "EVENT", "SAMPLES", "NORM COST", "SHARE", "HOTTEST FUNCTION")
@@ -231,17 +309,20 @@ def render_summary(
     functions: int = 3,
     stacks: int = 2,
     depth: int = 8,
+    services: ServiceTotals | None = None,
 ) -> None:
-    """The exit summary as text: a table of the `top` flows, then the `detailed`
-    costliest ones with their hottest functions and stacks (leaf first, `depth`
-    frames)."""
-    rows = totals.top(top)
+    """The exit summary as text: a table of the `top` services (when `services` is
+    given) or flows, then the `detailed` costliest ones with their hottest functions
+    and stacks (leaf first, `depth` frames)."""
+    rows: Sequence[FlowStat] = totals.top(top) if services is None else services.top(top)
     print(
         f"\nmeridian sentinel: {_count(totals.samples)} in {seconds:.1f}s "
         f"({_count(totals.windows, 'window')}), source: {info.source}, "
         f"last mode: {info.mode}",
         file=out,
     )
+    if services is not None:
+        print(BY_SERVICE, file=out)
     if not rows:
         print("no samples attributed (no traffic, or every sample was filtered)", file=out)
     else:
@@ -252,7 +333,8 @@ def render_summary(
             for cells in [_cells(s, names)]
         ]
         print(file=out)
-        print_table(SUMMARY_HEADER, table, out, numeric=(3, 4, 5))
+        header = _header("flow" if services is None else "service", SUMMARY_HEADER)
+        print_table(header, table, out, numeric=(3, 4, 5))
         for s in rows[:detailed]:
             _detail(s, names, out, functions, stacks, depth)
     dropped = info.dropped_text()
@@ -265,7 +347,7 @@ def _detail(
 ) -> None:
     """One row of the summary in detail: its hottest functions, and its hottest stacks
     by rank."""
-    head = " ".join(x for x in (row_label(s, names), row_direction(s), event_name(s.event)) if x)
+    head = " ".join(x for x in (_label(s, names), _direction(s), event_name(s.event)) if x)
     print(
         f"\n{head}: {_count(s.samples)}, norm cost {fmt_scaled(s.norm_cost)}",
         file=out,
@@ -293,9 +375,11 @@ class LiveView:
         out: TextIO,
         names: Names,
         size: Callable[[], tuple[int, int]] = terminal_size,
+        by: str = "flow",
     ) -> None:
         self.screen = Screen(out, size)
         self.names = names
+        self.by = by
 
     def start(self) -> None:
         self.screen.enter()
@@ -304,7 +388,7 @@ class LiveView:
         if not self.screen.entered or window.final:
             return
         size = self.screen.size()
-        self.screen.draw(render_live(window.stats, window.info, self.names, size))
+        self.screen.draw(render_live(window.stats, window.info, self.names, size, by=self.by))
 
     def close(self) -> None:
         self.screen.leave()
@@ -313,13 +397,14 @@ class LiveView:
 class JsonView:
     """`--json`: one object per flush window, one line each."""
 
-    def __init__(self, out: TextIO, names: Names, top: int = 50) -> None:
+    def __init__(self, out: TextIO, names: Names, top: int = 50, by: str = "flow") -> None:
         self.out = out
         self.names = names
         self.top = top
+        self.by = by
 
     def on_window(self, window: Window) -> None:
-        obj = window_json(window.index, window.stats, window.info, self.names, self.top)
+        obj = window_json(window.index, window.stats, window.info, self.names, self.top, self.by)
         if window.final:
             obj["final"] = True
         self.out.write(dumps(obj) + "\n")

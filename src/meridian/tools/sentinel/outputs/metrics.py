@@ -14,6 +14,8 @@ the project's `PrometheusServer`.
 | ms_flow_event_norm              | F, direction, event | norm cost per second               |
 | ms_flow_micromiss_rate          | F, direction        | norm cost/s of cache-miss events   |
 | ms_branch_mispred_rate          | F, direction        | norm cost/s of branch misses       |
+| ms_service_event_norm           | S, direction, event | norm cost per second               |
+| ms_service_flows                | S, direction        | flows of the service in the window |
 | ms_throughput_ratio, _bps       | interface           | reading / EWMA baseline; bits/s    |
 | ms_latency_ratio, ms_latency_us |                     | probe reading / baseline; µs       |
 | ms_tsc_slope, ms_tsc_offset_ns  | cpu                 | kernel ns -> wall ns, per CPU      |
@@ -24,6 +26,12 @@ F: `flow` (16 hex digits of the flow id) and, where known, `src`, `dst`, `sport`
 `top_flows` flows with the highest norm cost in the window keep series of their own;
 the others are summed per direction and event into `flow="other"`, so a host with a
 million flows scrapes as fast as one with fifty.
+
+S: `service_addr`, `service_port`, `proto`: the flow's listening side (model/services.py),
+the flows summed per service, direction and event beside their own series; bounded
+likewise by `top_services` (the rest in `service_addr="other"`). Only flows whose
+5-tuple is known have a service: flow 0 and a flow not named yet are in the flow
+series only.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ....export.prometheus import PrometheusServer, families
 from ....export.series import Attrs, Family, HistPoint, Point
+from ..model.services import server_side
 from ..pipeline.anomaly import AnomalyGauges
 
 if TYPE_CHECKING:
@@ -59,6 +68,8 @@ CACHE_EVENTS = frozenset({"llc-misses", "remote-dram", "hitm"})  # ms_flow_micro
 BRANCH_EVENTS = frozenset({"branch-misses"})  # ms_branch_mispred_rate
 DIRECTIONS = ("rx", "tx", "idle")  # idle: flow 0's samples in the kernel's idle code
 FLOW_LABELS = ("flow", "src", "dst", "sport", "dport", "proto")
+SERVICE_LABELS = ("service_addr", "service_port", "proto")
+Svc = tuple[str, int, str]  # a service's labels: address, port, protocol
 _K = TypeVar("_K", str, int)  # a label value
 GAUGE_HELP = {
     "ms_agent_mode": "sampling mode: 0 sentinel, 1 diagnostic",
@@ -70,6 +81,9 @@ GAUGE_HELP = {
     "ms_flow_micromiss_rate": "norm cost per second of cache-miss events "
     "(llc-misses, remote-dram, hitm)",
     "ms_branch_mispred_rate": "norm cost per second of branch mispredictions",
+    "ms_service_event_norm": "norm cost per second by service (the listening address, "
+    "port and protocol of the flows) and event",
+    "ms_service_flows": "flows of a service with samples in the window",
     "ms_throughput_ratio": "interface throughput over its EWMA baseline",
     "ms_throughput_bps": "interface throughput, bits per second",
     "ms_latency_ratio": "latency probe reading over its EWMA baseline",
@@ -93,6 +107,8 @@ class FlowRow:
     sport: int | None = None
     dport: int | None = None
     proto: str = ""
+    service_addr: str = ""  # the listening side: "" while the 5-tuple is not known
+    service_port: int | None = None
 
     def flow_labels(self) -> dict[str, str | int | bool]:
         return {
@@ -103,6 +119,11 @@ class FlowRow:
             "dport": "" if self.dport is None else self.dport,
             "proto": self.proto,
         }
+
+    def service(self) -> Svc | None:
+        if not self.service_addr or self.service_port is None:
+            return None
+        return (self.service_addr, self.service_port, self.proto)
 
 
 @dataclass
@@ -122,7 +143,8 @@ class MetricsSnapshot:
 
 
 class FlowLookup(Protocol):
-    """What names a flow id: a FlowNames, or the runtime's names."""
+    """What names a flow id: a FlowNames, or the runtime's names (which also have
+    `service(flow_id)`, the flow's listening side by the host's sockets)."""
 
     def get(self, flow_id: int) -> FlowKey | None: ...
 
@@ -141,9 +163,10 @@ def flow_rows(
     names: FlowLookup | None = None,
     event_name: Callable[[int], str] | None = None,
 ) -> list[FlowRow]:
-    """Aggregator rollups summed per (flow, direction, event), with the 5-tuple where
-    `names` knows it."""
+    """Aggregator rollups summed per (flow, direction, event), with the 5-tuple and
+    the service where `names` knows it."""
     label = event_name or _event_names()
+    service_of = getattr(names, "service", None)
     sums: dict[tuple[int, int, int], list[float]] = {}
     for r in rollups:
         cell = sums.setdefault((int(r.flow_id), int(r.direction), int(r.event)), [0, 0.0])
@@ -161,6 +184,9 @@ def flow_rows(
                 "dport": key.dport,
                 "proto": str(key.proto),
             }
+            svc = service_of(flow_id) if service_of is not None else server_side(key)
+            if svc is not None:
+                where.update(service_addr=svc.addr, service_port=svc.port)
         d = DIRECTIONS[direction] if 0 <= direction < len(DIRECTIONS) else str(direction)
         out.append(FlowRow(flow_id, label(event), d, int(samples), cost, **where))
     return out
@@ -169,8 +195,9 @@ def flow_rows(
 class SentinelMetrics:
     """A prometheus_client collector over the latest `MetricsSnapshot`."""
 
-    def __init__(self, top_flows: int = 50) -> None:
+    def __init__(self, top_flows: int = 50, top_services: int = 50) -> None:
         self.top_flows = top_flows
+        self.top_services = top_services
         self._snapshot = MetricsSnapshot()
         self._lock = threading.Lock()
         self._more: list[Callable[[], list[Family]]] = []
@@ -210,6 +237,7 @@ class SentinelMetrics:
             _gauge("ms_pmu_scale", by("event", s.pmu_scales)),
             _gauge("ms_sampling_throttled", one(1 if s.throttled else 0)),
             *self._flow_families(s),
+            *self._service_families(s),
             _gauge("ms_throughput_ratio", by("interface", a.throughput_ratio)),
             _gauge("ms_throughput_bps", by("interface", a.throughput_bps)),
             _gauge("ms_latency_ratio", one(a.latency_ratio)),
@@ -288,6 +316,47 @@ class SentinelMetrics:
                 [Point(attrs(f, d), v) for (f, d), v in sorted(mispred.items(), key=_by_cost)],
             ),
         ]
+
+    def _service_families(self, s: MetricsSnapshot) -> list[Family]:
+        """ms_service_event_norm and ms_service_flows: the top services by cost, the
+        rest in service_addr="other"."""
+        total: dict[Svc, float] = {}
+        for r in s.flows:
+            if (svc := r.service()) is not None:
+                total[svc] = total.get(svc, 0.0) + r.norm_cost
+        ranked = sorted(total.items(), key=lambda kv: (-kv[1], kv[0]))
+        top = {k for k, _ in ranked[: self.top_services]}
+        rank = {k: i for i, (k, _) in enumerate(ranked[: self.top_services])}
+        per_s = 1.0 / s.window_s if s.window_s > 0 else 1.0
+        # (service, direction, event) -> norm cost, (service, direction) -> flow ids;
+        # service None: the others
+        cells: dict[tuple[Svc | None, str, str], float] = {}
+        flows: dict[tuple[Svc | None, str], set[int]] = {}
+        for r in s.flows:
+            if (svc := r.service()) is None:
+                continue
+            k = svc if svc in top else None
+            cells[(k, r.direction, r.event)] = cells.get((k, r.direction, r.event), 0.0)
+            cells[(k, r.direction, r.event)] += r.norm_cost
+            flows.setdefault((k, r.direction), set()).add(r.flow_id)
+
+        def attrs(svc: Svc | None, direction: str, **more: str) -> Attrs:
+            base: Attrs = dict(zip(SERVICE_LABELS, svc or (OTHER, "", ""), strict=True))
+            return {**base, "direction": direction, **more}
+
+        def order(k: tuple[Svc | None, str] | tuple[Svc | None, str, str]) -> tuple[int, ...]:
+            """Highest cost first, service_addr="other" last."""
+            return (rank[k[0]] if k[0] is not None else len(rank),)
+
+        norm = [
+            Point(attrs(k[0], k[1], event=k[2]), v * per_s)
+            for k, v in sorted(cells.items(), key=lambda kv: (order(kv[0]), kv[0][1:]))
+        ]
+        counts = [
+            Point(attrs(k[0], k[1]), len(ids))
+            for k, ids in sorted(flows.items(), key=lambda kv: (order(kv[0]), kv[0][1]))
+        ]
+        return [_gauge("ms_service_event_norm", norm), _gauge("ms_service_flows", counts)]
 
 
 def _gauge(name: str, points: list[Point]) -> Family:

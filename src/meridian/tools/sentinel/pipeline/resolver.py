@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 
 from ..model.flows import FlowKey, FlowNames
 from ..model.rollup import UNRESOLVED
+from ..model.services import ServiceKey
 from .aggregator import SKIPPED_STACK
+from .listening import ServiceMap
 
 if TYPE_CHECKING:
     from ..symbols.symbolizer import Symbolizer
@@ -90,12 +92,20 @@ class SymbolResolver:
 
 class RuntimeNames:
     """view.Names over the flow names and the symbolizer (both safe across threads:
-    the flow names under the runtime's lock, the symbolizer on its own)."""
+    the flow names under the runtime's lock, the symbolizer on its own), and each
+    flow's service (listening.ServiceMap, over the host's listening sockets)."""
 
-    def __init__(self, flows: FlowNames, lock: threading.Lock, symbolizer: Symbolizer):
+    def __init__(
+        self,
+        flows: FlowNames,
+        lock: threading.Lock,
+        symbolizer: Symbolizer,
+        proc_root: str = "/proc",
+    ):
         self.flows = flows
         self.lock = lock
         self.symbolizer = symbolizer
+        self.services = ServiceMap(self.flow, proc_root, max_flows=flows.max_flows)
 
     def flow(self, flow_id: int) -> FlowKey | None:
         with self.lock:
@@ -103,6 +113,10 @@ class RuntimeNames:
 
     def get(self, flow_id: int) -> FlowKey | None:  # metrics.flow_rows' names
         return self.flow(flow_id)
+
+    def service(self, flow_id: int) -> ServiceKey | None:
+        """The flow's listening side (None while its 5-tuple is not known)."""
+        return self.services(flow_id)
 
     def function(self, function_id: int) -> str:
         """The function's name; a provisional id's once it is resolved, the label

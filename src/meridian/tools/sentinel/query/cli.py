@@ -1,5 +1,6 @@
 """`meridian sentinel query`: the stored rollups read back, from the embedded store or a
-ClickHouse server: `top-flows` and `flow FLOW` (with `--flamegraph`).
+ClickHouse server: `top-flows`, `top-services` (flows grouped by their listening
+side: services.py) and `flow FLOW` (with `--flamegraph`).
 
 An embedded store is one process's at a time (chDB), so while an agent writes it the
 query goes through that agent's API (client.py); an agent without one is said in
@@ -21,8 +22,9 @@ from ....flags import add_command
 from ....output import fmt_scaled, print_table
 from ..storage import Backend, StoreUnavailable, default_state_dir, holder_pid, open_store
 from ..storage.chdb_backend import LOCK_NAME
-from .client import agent_url, fetch_flow, fetch_top_flows
+from .client import agent_url, fetch_flow, fetch_top_flows, fetch_top_services
 from .flamegraph import render
+from .services import ServiceRow, top_services
 from .store import (
     FlowDetail,
     FlowRow,
@@ -39,6 +41,7 @@ __all__ = ["EXAMPLES", "add_query_parser", "run_query"]
 EXAMPLES = """examples:
   meridian sentinel query top-flows                # the costliest flows of the last 10 minutes
   meridian sentinel query top-flows --since 1h --event llc-misses --json
+  meridian sentinel query top-services --since 1h  # flows grouped by server address and port
   meridian sentinel query flow 3a5c0e9f12ab77d0    # its functions, stacks, events over time
   meridian sentinel query flow 3a5c0e9f12ab77d0 --since 30m --flamegraph flow.svg
   meridian sentinel query top-flows --data-dir /var/lib/ms   # a store no agent is writing
@@ -93,6 +96,17 @@ def add_query_parser(sub: Any) -> argparse.ArgumentParser:
     _store_flags(top)
     top.add_argument("--event", metavar="E", help="only this event (llc-misses, cpu-clock, ...)")
     top.add_argument("--limit", type=int, default=20, metavar="N", help="flows shown (20)")
+    services = add_command(
+        questions,
+        "top-services",
+        help="flows grouped by service (listening address, port, protocol), by norm cost",
+        description="Services by norm cost in the last --since, highest first: the flows "
+        "grouped by their listening side and direction, with how many flows each has.",
+        examples=EXAMPLES,
+    )
+    _store_flags(services)
+    services.add_argument("--event", metavar="E", help="only this event (llc-misses, ...)")
+    services.add_argument("--limit", type=int, default=20, metavar="N", help="rows shown (20)")
     flow = add_command(
         questions,
         "flow",
@@ -112,7 +126,8 @@ def add_query_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run_query(args: argparse.Namespace) -> int:
-    """Run `top-flows` or `flow`; a MeridianError is one line on stderr, its exit code."""
+    """Run `top-flows`, `top-services` or `flow`; a MeridianError is one line on
+    stderr, its exit code."""
     try:
         _run(args, sys.stdout, sys.stderr)
     except MeridianError as exc:
@@ -141,6 +156,12 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
             if args.flamegraph:
                 _write_flamegraph(detail, args.flamegraph, err)
             (_flow_json if args.json else _flow_text)(detail, count, out)
+        elif args.query == "top-services":
+            if backend is None:
+                services = fetch_top_services(str(url), token, args.since, args.event, count)
+            else:
+                services = top_services(backend, since, event, count)
+            (_services_json if args.json else _services_text)(services, since, args.event, out)
         else:
             if backend is None:
                 rows = fetch_top_flows(str(url), token, args.since, args.event, count)
@@ -224,6 +245,24 @@ def _top_text(rows: list[FlowRow], since: float, event: str | None, out: TextIO)
 def _top_json(rows: list[FlowRow], since: float, event: str | None, out: TextIO) -> None:
     for r in rows:
         print(json.dumps(r.as_json()), file=out)
+
+
+def _services_text(rows: list[ServiceRow], since: float, event: str | None, out: TextIO) -> None:
+    what = f"event {event}" if event else "all events"
+    if not rows:
+        print(f"no flows with samples in the last {fmt_duration(since)} ({what})", file=out)
+        return
+    print(f"top services by norm cost, last {fmt_duration(since)}, {what}", file=out)
+    table = [
+        [r.label, r.direction, str(r.flows), str(r.samples), fmt_scaled(r.norm_cost)] for r in rows
+    ]
+    header = ("SERVICE", "DIR", "FLOWS", "SAMPLES", "NORM COST")
+    print_table(header, table, out, numeric=(2, 3, 4))
+
+
+def _services_json(rows: list[ServiceRow], since: float, event: str | None, out: TextIO) -> None:
+    for r in rows:
+        print(json.dumps({"service": r.label if r.addr else None, **r.as_json()}), file=out)
 
 
 def _share(part: float, whole: float) -> str:

@@ -14,9 +14,10 @@ from urllib.request import Request, urlopen
 
 from ....errors import EnvironmentProblem, UsageError
 from ..storage.announce import agent_url
+from .services import ServiceRow
 from .store import Bucket, FlowDetail, FlowRow, FunctionCost, StackCost
 
-__all__ = ["agent_url", "fetch_flow", "fetch_top_flows"]
+__all__ = ["agent_url", "fetch_flow", "fetch_top_flows", "fetch_top_services"]
 
 TIMEOUT_S = 60.0
 
@@ -51,6 +52,13 @@ def fetch_top_flows(
 ) -> list[FlowRow]:
     got = _get(url, "top-flows", {"since": since, "event": event, "limit": limit}, token_file)
     return [FlowRow(**row) for row in got["flows"]]
+
+
+def fetch_top_services(
+    url: str, token_file: str | None, since: str, event: str | None, limit: int
+) -> list[ServiceRow]:
+    got = _get(url, "top-services", {"since": since, "event": event, "limit": limit}, token_file)
+    return [ServiceRow(**row) for row in got["services"]]
 
 
 def fetch_flow(url: str, token_file: str | None, flow: str, since: str) -> FlowDetail:

@@ -2,12 +2,13 @@
 server): the top flows by cost in a time range, and one flow's hottest functions,
 stacks and events over time.
 
-All the SQL is here, in `SQL`, and reads only what ClickHouse 18.16 (Debian's server)
-and chDB both accept: no JOIN (its syntax and semantics differ between the two), the
-names are looked up with `IN (subquery)` and merged here. Function and stack ids are
-interned per agent run, so they are keyed by (run_id, id) and merged by name: the same
-function or stack seen by two runs is one row. Every value put into a statement is a
-number checked here; user text never reaches the SQL.
+The SQL of these is here, in `SQL` (top-services' is in services.py), and reads only
+what ClickHouse 18.16 (Debian's server) and chDB both accept: no JOIN here (its syntax
+and semantics differ between the two; services.py's one join is written in the one
+form both take), the names are looked up with `IN (subquery)` and merged here.
+Function and stack ids are interned per agent run, so they are keyed by (run_id, id)
+and merged by name: the same function or stack seen by two runs is one row. Every
+value put into a statement is a number checked here; user text never reaches the SQL.
 """
 
 from __future__ import annotations

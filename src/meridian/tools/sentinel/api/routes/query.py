@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ...query.services import top_services
 from ...query.store import flow_detail, parse_flow, parse_since, top_flows
 from ...storage.backend import Backend
 from ..deps import Runtime
@@ -33,6 +34,14 @@ def query_top_flows(rt: Runtime, q: Annotated[StoreQuery, Query()]) -> dict[str,
     opens in one process only: this is how it is queried while the agent runs)."""
     rows = top_flows(_store(rt), parse_since(q.since), q.event, q.limit)
     return {"flows": [r.as_json() for r in rows]}
+
+
+@router.get("/query/top-services")
+def query_top_services(rt: Runtime, q: Annotated[StoreQuery, Query()]) -> dict[str, Any]:
+    """`meridian sentinel query top-services` on this agent's store: the flows grouped
+    by their listening side (address, port, protocol) and direction."""
+    rows = top_services(_store(rt), parse_since(q.since), q.event, q.limit)
+    return {"services": [r.as_json() for r in rows]}
 
 
 @router.get("/query/flow/{flow}")
