@@ -155,7 +155,8 @@ class MockSource:
         self._build_stacks()
         self._script: deque[Array] | None = None
         self._contexts: list[Array] = []
-        self._last = clock()
+        self._last = clock()  # the generated batches so far end here
+        self._opened = False  # set_events has run: sampling began then, as a kernel's
         self._carry = 0.0
         self._closed = False
 
@@ -264,6 +265,8 @@ class MockSource:
             }
             self._opened_ns = self.clock()
             self._block = None  # drawn with the old events
+            if not self._opened:  # nothing was sampled before the first events opened
+                self._opened, self._last = True, self._opened_ns
         return float(max(len(events), 1))
 
     def event_times(self) -> dict[int, tuple[float, float]]:
