@@ -58,7 +58,8 @@ def test_a_stream_through_the_agent_to_metrics_json_and_summary(tmp_path: Path) 
         )  # fmt: skip
         try:
             wait_until(lambda: "strategy:" in err.read_text(), 60, "the agent attached")
-            pair.iperf3(round(patience(2)), cport=cport)
+            # /metrics has the last window's flows: read while the stream runs
+            client = pair.iperf3_start(round(patience(4)), cport=cport)
             data = {"src": pair.addr_a, "dst": pair.addr_b, "sport": str(cport), "dport": "5201"}
 
             def stream_series() -> list[Any]:
@@ -66,7 +67,14 @@ def test_a_stream_through_the_agent_to_metrics_json_and_summary(tmp_path: Path) 
                 norm = fams["ms_flow_event_norm"].samples if "ms_flow_event_norm" in fams else []
                 return [s for s in norm if data.items() <= s.labels.items()]
 
-            wait_until(lambda: len(stream_series()) >= 2, 30, "the stream's series in /metrics")
+            try:
+                wait_until(lambda: len(stream_series()) >= 2, 20, "the stream's series in /metrics")
+            except AssertionError:
+                fams = metrics(port)
+                norm = fams["ms_flow_event_norm"].samples if "ms_flow_event_norm" in fams else []
+                seen = sorted({(s.labels.get("src"), s.labels.get("sport")) for s in norm})
+                raise AssertionError(f"{data} not in {seen}; {err.read_text()[-1500:]}") from None
+            pair.iperf3_result(client, patience(60))
             series = stream_series()
             agent.send_signal(signal.SIGTERM)
             out, _ = agent.communicate(timeout=patience(30))
