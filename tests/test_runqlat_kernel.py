@@ -138,4 +138,7 @@ def test_each_process_waits_what_its_schedstat_says(strategy: str) -> None:
             # guest (6.1 under TCG once: 1.26 % over a few hundred waits)
             bound = run_delay // 100 + count * round(patience(CLOCK_GAP_S) * 1e9)
             assert abs(sum_ns - run_delay) <= bound, (pid, sum_ns, run_delay, count)
-    assert snap.counters["hists_full"] <= 1
+    # failed inserts are counted, and rare: under 1 % of the waits seen (3 of thousands
+    # once on 6.1 under TCG); the spinners' own counts above are exact all the same
+    waits = sum(c.count for c in snap.cells.values())
+    assert snap.counters["hists_full"] <= max(1, waits // 100), (snap.counters, waits)
