@@ -254,7 +254,8 @@ def test_sigterm_ends_a_json_lines_capture_with_every_event(loop: Path, tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rec.jsonl", "target"]
     data = rec.read_bytes()
     indices = [int(i) for i in re.findall(rb'^\{"i":(\d+),', data, re.M)]
-    assert len(indices) == int(recorded[1]) > 250_000  # 32 MB of records at least
+    # 32 MB of raw records at least: over 100,000 (their size goes with the paths in them)
+    assert len(indices) == int(recorded[1]) > 100_000
     assert indices == list(range(indices[0], indices[0] + len(indices)))
     pid = int(re.findall(rb'"c":"loop","p":(\d+),', data[-4096:])[-1])
     got = _loop_calls(data, pid, str(target))
