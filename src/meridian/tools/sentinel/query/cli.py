@@ -229,12 +229,19 @@ def _refuse_held(path: Path) -> None:
     )
 
 
-def _top_text(rows: list[FlowRow], since: float, event: str | None, out: TextIO) -> None:
-    what = f"event {event}" if event else "all events"
+def _heading(what: str, rows: list[Any], since: float, event: str | None, out: TextIO) -> bool:
+    """The table's first line (`what`: flows, services), or that there is none: False."""
+    events = f"event {event}" if event else "all events"
     if not rows:
-        print(f"no flows with samples in the last {fmt_duration(since)} ({what})", file=out)
+        print(f"no flows with samples in the last {fmt_duration(since)} ({events})", file=out)
+        return False
+    print(f"top {what} by norm cost, last {fmt_duration(since)}, {events}", file=out)
+    return True
+
+
+def _top_text(rows: list[FlowRow], since: float, event: str | None, out: TextIO) -> None:
+    if not _heading("flows", rows, since, event, out):
         return
-    print(f"top flows by norm cost, last {fmt_duration(since)}, {what}", file=out)
     table = [
         [r.flow, r.label if r.src else UNNAMED, str(r.samples), fmt_scaled(r.norm_cost)]
         for r in rows
@@ -248,11 +255,8 @@ def _top_json(rows: list[FlowRow], since: float, event: str | None, out: TextIO)
 
 
 def _services_text(rows: list[ServiceRow], since: float, event: str | None, out: TextIO) -> None:
-    what = f"event {event}" if event else "all events"
-    if not rows:
-        print(f"no flows with samples in the last {fmt_duration(since)} ({what})", file=out)
+    if not _heading("services", rows, since, event, out):
         return
-    print(f"top services by norm cost, last {fmt_duration(since)}, {what}", file=out)
     table = [
         [r.label, r.direction, str(r.flows), str(r.samples), fmt_scaled(r.norm_cost)] for r in rows
     ]
