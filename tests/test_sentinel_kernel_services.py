@@ -109,13 +109,15 @@ def test_a_hundred_connections_are_one_service(tmp_path: Path) -> None:
         near = subprocess.Popen(
             [sys.executable, "-c", SERVER, "127.0.0.1", "0"], stdout=subprocess.PIPE, text=True
         )
-        run = agent(tmp_path)
+        clients: list[subprocess.Popen[Any]] = []
+        run = None
         try:
+            run = agent(tmp_path)
             assert far.stdout is not None and near.stdout is not None
             assert int(far.stdout.readline()) == PORT
             near_port = int(near.stdout.readline())  # an ephemeral port: bound to 0
             attached(run, tmp_path / "err")
-            clients: list[subprocess.Popen[Any]] = [
+            clients += [
                 pair.popen(pair.a, sys.executable, "-c", CLIENT, pair.addr_b, str(PORT),
                            str(CONNECTIONS), str(SPREAD_S)),
                 subprocess.Popen([sys.executable, "-c", CLIENT, "127.0.0.1", str(near_port),
@@ -125,7 +127,8 @@ def test_a_hundred_connections_are_one_service(tmp_path: Path) -> None:
                 assert c.wait(timeout=patience(DURATION + 30)) == 0
             run.wait(timeout=patience(DURATION + 40))
         finally:
-            reap(run)
+            for child in [*clients, *([run] if run is not None else [])]:
+                reap(child)
             reap(near)
             reap(far)
     assert run.returncode == 0, (tmp_path / "err").read_text()
