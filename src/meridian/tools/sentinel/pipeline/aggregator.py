@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..model.interference import classify
-from ..model.records import IDLE
+from ..model.records import IDLE, take
 from ..model.rollup import KEY_DTYPE, ROLLUP_DTYPE, Rollup, rollups
 
 __all__ = ["SKIPPED_STACK", "Aggregator", "Resolver"]
@@ -41,6 +41,11 @@ Array = np.ndarray[Any, Any]
 STACK_CANDIDATES = 4096  # of a batch's distinct stacks, the hottest looked at at all
 STACKS_PER_WINDOW = 512  # new call stacks resolved per flush window, the hottest first
 SKIPPED_STACK = (1 << 64) - 3  # a stack not asked: over the window's budget
+# what a sample is keyed by, besides its time bucket (the ids below derive from them)
+RAW_KEY = (
+    "pid", "ip", "user_stack_id", "kernel_stack_id", "data_addr",
+    "flow_id", "direction", "numa_node", "event",
+)  # fmt: skip
 
 
 class Resolver(Protocol):
@@ -194,10 +199,33 @@ class Aggregator:
         n = len(samples)
         if n == 0:
             return
+        t = np.asarray(samples["time_ns"] if time_ns is None else time_ns).astype(np.uint64)
+        bucket = t - t % np.uint64(self.time_window_ns)
+        gso = np.maximum(samples["gso_segs"], 1).astype(np.float64)
+        cost = np.broadcast_to(np.asarray(scale, dtype=np.float64) / gso, (n,))
+        # Samples alike in all they are keyed by are one row from here on: a batch has
+        # a tenth as many distinct rows as samples (a hot loop, a stack), and each
+        # step below is then paid per row, not per sample.
+        raw = [samples[name] for name in RAW_KEY]
+        first, inv = _group(*raw, bucket)
+        order = np.argsort(first)  # the rows in the order of their first sample
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        first, inv = first[order], rank[inv]
+        rows = take(samples, first)
+        weight = np.bincount(inv, minlength=len(first)).astype(np.float64)
+        part = self._rows(rows, bucket[first], weight, np.bincount(inv, weights=cost))
+        with self._lock:
+            self._parts.append(part)
+            self.samples_total += n
+
+    def _rows(self, rows: Array, bucket: Array, samples: Array, cost: Array) -> Array:
+        """The rollups of distinct sample rows, each standing for `samples` samples of
+        `cost`: the resolver's ids per distinct (pid, ip), stack and data address."""
         r = self.resolver
-        pid, ip = samples["pid"], samples["ip"]
-        ustack = samples["user_stack_id"].astype(np.int64)
-        kstack = samples["kernel_stack_id"].astype(np.int64)
+        pid, ip = rows["pid"], rows["ip"]
+        ustack = rows["user_stack_id"].astype(np.int64)
+        kstack = rows["kernel_stack_id"].astype(np.int64)
 
         first, inv = _group(pid, ip)
         many = getattr(r, "function_ids", None)  # optional: a list of them in one call
@@ -208,7 +236,7 @@ class Aggregator:
         stacked = (ustack >= 0) | (kstack >= 0)
         cols = [pid, ustack, kstack, np.where(stacked, np.uint64(0), ip)]
         first, inv = _group(*cols)
-        weight = np.bincount(inv, minlength=len(first))
+        weight = np.bincount(inv, weights=samples, minlength=len(first))
         got, asked = _resolve(
             self._stacks, r.callstack_id, cols, first, budget=self._stack_budget, weight=weight
         )
@@ -220,33 +248,26 @@ class Aggregator:
             cols = [pid[gone], ustack[gone], kstack[gone], ip[gone]]
             first, inv = _group(*cols)
             sids[gone] = _resolve(self._stacks, r.callstack_id, cols, first)[0][inv]
-        addr = samples["data_addr"]
-        dids = np.zeros(n, dtype=np.uint64)
+        addr = rows["data_addr"]
+        dids = np.zeros(len(rows), dtype=np.uint64)
         has = np.flatnonzero(addr != 0)
         if len(has):
             cols = [pid[has], addr[has]]
             first, inv = _group(*cols)
             dids[has] = _resolve(self._objects, r.data_object_id, cols, first)[0][inv]
 
-        t = np.asarray(samples["time_ns"] if time_ns is None else time_ns).astype(np.uint64)
-        keys = np.empty(n, dtype=KEY_DTYPE)
-        keys["flow_id"] = samples["flow_id"]
-        keys["direction"] = samples["direction"]
+        keys = np.empty(len(rows), dtype=KEY_DTYPE)
+        keys["flow_id"] = rows["flow_id"]
+        keys["direction"] = rows["direction"]
         self._idle(keys, fids)
         keys["function_id"] = fids
         keys["callstack_id"] = sids
         keys["data_object_id"] = dids
-        keys["time_bucket"] = t - t % np.uint64(self.time_window_ns)
-        keys["numa_node"] = samples["numa_node"]
-        keys["event"] = samples["event"]
-        keys["interference_class"] = classify(samples["event"])
-
-        gso = np.maximum(samples["gso_segs"], 1).astype(np.float64)
-        cost = np.asarray(scale, dtype=np.float64) / gso
-        part = _reduce(keys, np.ones(n, dtype=np.float64), cost, pid)
-        with self._lock:
-            self._parts.append(part)
-            self.samples_total += n
+        keys["time_bucket"] = bucket
+        keys["numa_node"] = rows["numa_node"]
+        keys["event"] = rows["event"]
+        keys["interference_class"] = classify(rows["event"])
+        return _reduce(keys, samples, cost, pid)
 
     def _idle(self, keys: Array, fids: Array) -> None:
         """The samples in the kernel's idle code: no flow, direction IDLE."""
