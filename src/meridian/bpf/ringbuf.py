@@ -100,13 +100,15 @@ class RingBuffer:
         if not self.closed:
             self._epoll.poll(timeout)
 
-    def poll(self, timeout: float) -> np.ndarray[Any, Any]:
+    def poll(self, timeout: float, limit: int | None = None) -> np.ndarray[Any, Any]:
         """Wait up to `timeout` seconds for a wake-up (or close), then drain."""
         self.wait(timeout)
-        return self.drain()
+        return self.drain(limit)
 
-    def drain(self) -> np.ndarray[Any, Any]:
-        """Every committed record, copied out, and the space handed back to the kernel."""
+    def drain(self, limit: int | None = None) -> np.ndarray[Any, Any]:
+        """Every committed record (at most `limit`: the rest stays in the ring for the
+        next call, so a reader behind holds one bounded batch, not the whole ring),
+        copied out, and the space handed back to the kernel."""
         if self.closed:
             return np.empty(0, dtype=self.dtype)
         cons = self._consumer()
@@ -115,6 +117,8 @@ class RingBuffer:
             return np.empty(0, dtype=self.dtype)
         start = self.page + (cons & self.mask)
         n = avail // self.stride
+        if limit is not None and n >= limit:
+            n, avail = limit, limit * self.stride  # what is past it: the next call's
         if n:
             framed = np.frombuffer(self._data, dtype=self._framed, count=n, offset=start)
             ok = framed["len"] == self.dtype.itemsize
@@ -123,19 +127,21 @@ class RingBuffer:
                 self._advance(cons + n * self.stride)
                 if n * self.stride == avail:
                     return out
-                return np.concatenate([out, self._walk()])
+                return np.concatenate([out, self._walk(None if limit is None else limit - n)])
             first_bad = int(np.argmin(ok))
             head = framed["rec"][:first_bad].copy()
             self._advance(cons + first_bad * self.stride)
-            return np.concatenate([head, self._walk()]) if first_bad else self._walk()
-        return self._walk()
+            rest = None if limit is None else limit - first_bad
+            return np.concatenate([head, self._walk(rest)]) if first_bad else self._walk(limit)
+        return self._walk(limit)
 
-    def _walk(self) -> np.ndarray[Any, Any]:
-        """Record by record: stops at a busy record, skips discarded ones."""
+    def _walk(self, limit: int | None = None) -> np.ndarray[Any, Any]:
+        """Record by record: stops at a busy record (or `limit` records), skips
+        discarded ones."""
         cons = self._consumer()
         prod = self._producer()
         recs: list[bytes] = []
-        while cons < prod:
+        while cons < prod and (limit is None or len(recs) < limit):
             off = self.page + (cons & self.mask)
             (hdr,) = struct.unpack_from("<I", self._data, off)
             if hdr & BUSY:

@@ -181,8 +181,12 @@ class Consumer:
         halt = getattr(self.source, "stop_sampling", None)  # the kernel source's
         if halt is not None:
             halt()
-        samples, lbr = self.source.poll(0)
-        self._take(samples, lbr)
+        limit = getattr(self.source, "batch_limit", None)  # the kernel source's
+        while True:
+            samples, lbr = self.source.poll(0)
+            self._take(samples, lbr)
+            if limit is None or len(samples) < limit:
+                break
         rest = self.skew.flush()
         self.flows.update(self.source, rest["flow_id"], force=True)
         if len(rest):

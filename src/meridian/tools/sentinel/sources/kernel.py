@@ -70,6 +70,10 @@ STRATEGIES = (
 # ms_counters fields that are samples lost in the kernel (dropped() reports these)
 DROP_REASONS = ("token_bucket", "hard_drop", "ring_full")  # lbr_ring_full: the
 # sample went out without its branches, so it is in counters(), not a lost sample
+# Samples taken from the ring per poll: a consumer behind takes the backlog in batches
+# of this many (5 MiB) back to back, rather than the whole ring at once (a 64 MiB ring
+# then meant copies of 64 MiB at each step of the pipeline, and 300-400 MB RSS).
+BATCH_LIMIT = 1 << 16
 MAX_SLOTS = 16  # MS_MAX_EVENTS: cookie slots
 SLOT_DATA_ADDR = 1  # MS_SLOT_DATA_ADDR
 # an ms_lbr record is ~4x a sample's: its ring holds as many seconds (a page when off)
@@ -161,6 +165,7 @@ class KernelSource(Session):
         require_lbr(next(k for k, v in MODES.items() if v == lbr))
         self.lbr = lbr
         self.ring_bytes = ring_bytes
+        self.batch_limit = BATCH_LIMIT  # samples per poll (the consumer drains by it)
         self.warn = warn
         self.strategy = _pick(strategy)
         self.name = "kernel"
@@ -273,7 +278,7 @@ class KernelSource(Session):
             return np.empty(0, self._sample_dtype), np.empty(0, self._lbr_dtype)
         began = time.monotonic()
         self._stacks.before_poll(self._obj(), began)
-        samples = self.ring.poll(timeout_s)
+        samples = self.ring.poll(timeout_s, self.batch_limit)
         if self.stacks:
             self._stacks.after_poll(self._obj(), samples, began)
         lbr = (
