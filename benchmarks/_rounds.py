@@ -4,13 +4,15 @@ tracer, interleaved round by round, and print ratios to the neighbouring untrace
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
 import signal
 import statistics
 import subprocess
-import time
+import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -46,13 +48,36 @@ def fio_randread_iops(path: str | os.PathLike[str], seconds: int) -> float:
     return float(json.loads(out)["jobs"][0]["read"]["iops"])
 
 
-def under(cmd: list[str], workload: Callable[[], float], ready: float = 3.0) -> float:
-    """Run `workload` while `cmd` (a tracer) is attached; Ctrl-C the tracer after."""
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+READY = ("strategy:", "Attaching")  # meridian -v and floor.py; bpftrace
+
+
+def floor(tool: str, reserve: bool = False) -> list[str]:
+    """The command of the tool's floor (floor.py): its hooks, empty programs."""
+    here = Path(__file__).resolve().parent
+    return [sys.executable, str(here / "floor.py"), tool, *(["--reserve"] if reserve else [])]
+
+
+def under(cmd: list[str], workload: Callable[[], float], ready: float = 60.0) -> float:
+    """Run `workload` once `cmd` (a tracer) says it is attached (a READY line on
+    either stream, so meridian runs with -v); Ctrl-C the tracer after."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    attached = threading.Event()
+    tail: list[str] = []
+
+    def read(pipe: IO[str]) -> None:
+        for line in pipe:  # read to the end: a full pipe would block the tracer
+            tail[:] = [*tail[-4:], line]
+            if any(r in line for r in READY):
+                attached.set()
+        attached.set()
+
+    for pipe in (p.stdout, p.stderr):
+        assert pipe is not None
+        threading.Thread(target=read, args=(pipe,), daemon=True).start()
     try:
-        time.sleep(ready)  # loaded and attached
-        if p.poll() is not None:
-            raise RuntimeError(f"{cmd[0]} exited: {p.stderr.read() if p.stderr else ''}")
+        attached.wait(ready)
+        if p.poll() is not None or not attached.is_set():
+            raise RuntimeError(f"{cmd[0]} did not attach: {''.join(tail)}")
         return workload()
     finally:
         p.send_signal(signal.SIGINT)
@@ -64,7 +89,7 @@ def under(cmd: list[str], workload: Callable[[], float], ready: float = 3.0) -> 
 
 
 def interleaved(
-    workload: Callable[[], float], tracers: dict[str, list[str]], rounds: int, ready: float = 3.0
+    workload: Callable[[], float], tracers: dict[str, list[str]], rounds: int, ready: float = 60.0
 ) -> dict[str, list[float]]:
     """untraced, each tracer, ..., untraced: rounds + 1 untraced runs around them."""
     results: dict[str, list[float]] = {"untraced": [], **{name: [] for name in tracers}}
@@ -76,22 +101,32 @@ def interleaved(
     return results
 
 
+def noise(base: list[float]) -> tuple[float, float]:
+    """How much neighbouring untraced runs differ (median and largest |1 - b/a|): a
+    ratio closer to 1 than this, or to another config, is not told apart here."""
+    steps = [abs(1 - b / a) for a, b in itertools.pairwise(base)] or [0.0]
+    return statistics.median(steps), max(steps)
+
+
 def print_ratios(results: dict[str, list[float]], what: str, unit: str) -> None:
-    """The machine line and the markdown table of RESULTS.md."""
+    """The machine line and the markdown table of RESULTS.md: per config its median
+    ratio to the neighbouring untraced runs, their spread, and this run's noise."""
     base = results["untraced"]
+    med, top = noise(base)
     print(
         f"machine: {platform.node()} {platform.release()} {platform.machine()}, "
-        f"{os.cpu_count()} CPUs; {what}, {len(base) - 1} rounds"
+        f"{os.cpu_count()} CPUs; {what}, {len(base) - 1} rounds; noise (neighbouring "
+        f"untraced runs): median {100 * med:.1f} %, max {100 * top:.1f} %"
     )
-    print(f"\n| config | median {unit} | ratio to untraced (median of rounds) |")
-    print("| --- | ---: | ---: |")
-    print(f"| untraced | {statistics.median(base):,.0f} | 1.00 |")
+    print(f"\n| config | median {unit} | ratio to untraced: median | min - max | rounds |")
+    print("| --- | ---: | ---: | ---: | --- |")
+    print(f"| untraced | {statistics.median(base):,.0f} | 1.00 | | |")
     for name, values in results.items():
         if name == "untraced":
             continue
         ratios = [v / ((base[i] + base[i + 1]) / 2) for i, v in enumerate(values)]
         rounds = ", ".join(f"{r:.3f}" for r in ratios)
         print(
-            f"| {name} | {statistics.median(values):,.0f} | "
-            f"{statistics.median(ratios):.3f} (rounds: {rounds}) |"
+            f"| {name} | {statistics.median(values):,.0f} | {statistics.median(ratios):.3f} "
+            f"| {min(ratios):.3f} - {max(ratios):.3f} | {rounds} |"
         )

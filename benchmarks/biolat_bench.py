@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _rounds import fio_randread_iops, interleaved, print_ratios
+from _rounds import fio_randread_iops, floor, interleaved, print_ratios
 
 ROOT = Path(__file__).resolve().parent.parent
 MERIDIAN = [str(ROOT / ".venv" / "bin" / "meridian")]
@@ -51,13 +51,12 @@ def main() -> int:
         script = Path(d) / "biolatency.bt"
         script.write_text(BPFTRACE)
         tracers = {
-            "meridian biolat": [*MERIDIAN, "biolat", "-D"],
+            "floor (biolat's hooks, empty)": floor("biolat"),
+            "meridian biolat": [*MERIDIAN, "biolat", "-D", "-v"],
             "bpftrace biolatency": ["bpftrace", str(script)],
         }
         try:
-            results = interleaved(
-                lambda: fio_randread_iops(dev, seconds), tracers, rounds, ready=2.5
-            )
+            results = interleaved(lambda: fio_randread_iops(dev, seconds), tracers, rounds)
         finally:
             subprocess.run(["losetup", "-d", dev], check=False)
     print_ratios(

@@ -14,15 +14,12 @@ Run as root from the repository:
 from __future__ import annotations
 
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
-from _rounds import compile_c, fio_randread_iops, interleaved, print_ratios, wait_ready
+from _rounds import compile_c, fio_randread_iops, floor, interleaved, print_ratios, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 MERIDIAN = [str(ROOT / ".venv" / "bin" / "meridian"), "io", "-v"]
@@ -91,7 +88,7 @@ def traced(
 
 def fio_rounds(rounds: int, seconds: int, script: Path) -> None:
     """The fio job untraced and under each tracer, interleaved; events to /dev/null."""
-    meridian = [str(ROOT / ".venv" / "bin" / "meridian"), "io"]
+    meridian = [str(ROOT / ".venv" / "bin" / "meridian"), "io", "-v"]
     with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
         data = Path(d) / "fio.bin"
         subprocess.run(
@@ -102,7 +99,9 @@ def fio_rounds(rounds: int, seconds: int, script: Path) -> None:
         results = interleaved(
             lambda: fio_randread_iops(data, seconds),
             {
+                "floor (io's hooks, empty)": floor("io"),
                 "meridian io --no-events": [*meridian, "--no-events"],
+                "floor (io's hooks, exits reserve and discard)": floor("io", reserve=True),
                 "meridian io (JSON to /dev/null)": meridian,
                 "bpftrace per-PID pread64 histogram": ["bpftrace", str(script)],
             },
@@ -116,13 +115,15 @@ def main(argv: list[str]) -> int:
     seconds = float(argv[2]) if len(argv) > 2 else 3.0
     fio_n = int(argv[3]) if len(argv) > 3 else 3
     fio_s = int(argv[4]) if len(argv) > 4 else 5
-    results: dict[str, list[float]] = {
-        "untraced": [],
-        "no-events": [],
-        "stream": [],
-        "bpftrace": [],
+    names = {
+        "floor": "floor (io's hooks, empty)",
+        "no-events": "meridian io --no-events",
+        "floor-reserve": "floor (io's hooks, exits reserve and discard)",
+        "stream": "meridian io (JSON to /dev/null)",
+        "bpftrace": "bpftrace per-PID pread64 histogram",
     }
-    notes: list[str] = []
+    results: dict[str, list[float]] = {"untraced": [], **{n: [] for n in names.values()}}
+    lost: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         exe = compile_c(LOOP_C, work, "preadloop")
@@ -131,33 +132,26 @@ def main(argv: list[str]) -> int:
         script = work / "lat.bt"
         script.write_text(BPFTRACE)
         loop(exe, data, 0.5)  # warm the page cache
+        tracers = {
+            "floor": (floor("io"), False),
+            "no-events": ([*MERIDIAN, "--no-events"], False),
+            "floor-reserve": (floor("io", reserve=True), False),
+            "stream": (MERIDIAN, False),
+            "bpftrace": (["bpftrace", str(script)], True),
+        }
         for r in range(rounds):
-            base = loop(exe, data, seconds)
-            results["untraced"].append(base)
-            rate, tail = traced([*MERIDIAN, "--no-events"], "strategy:", exe, data, seconds)
-            results["no-events"].append(rate / base)
-            rate, tail = traced(MERIDIAN, "strategy:", exe, data, seconds)
-            results["stream"].append(rate / base)
-            lost = [x for x in tail.splitlines() if x.startswith("lost:")]
-            notes.append(f"round {r} stream {lost[0] if lost else tail.strip()[-200:]}")
-            rate, _ = traced(["bpftrace", str(script)], "Attaching", exe, data, seconds, True)
-            results["bpftrace"].append(rate / base)
-            print(
-                f"round {r}: untraced {base / 1e6:.3f} M/s, no-events "
-                f"{results['no-events'][-1]:.3f}, stream {results['stream'][-1]:.3f}, "
-                f"bpftrace {results['bpftrace'][-1]:.3f}",
-                flush=True,
-            )
-    summary: dict[str, Any] = {
-        "machine": f"{platform.node()} {platform.release()} {os.cpu_count()} CPUs",
-        "rounds": rounds,
-        "seconds": seconds,
-        "untraced_median_per_s": statistics.median(results["untraced"]),
-        **{k: statistics.median(v) for k, v in results.items() if k != "untraced"},
-        "notes": notes,
-    }
-    for k, v in summary.items():
-        print(f"{k}: {v}")
+            results["untraced"].append(loop(exe, data, seconds))
+            for key, (cmd, on_stdout) in tracers.items():
+                ready = "Attaching" if on_stdout else "strategy:"
+                rate, tail = traced(cmd, ready, exe, data, seconds, on_stdout)
+                results[names[key]].append(rate)
+                if key == "stream":  # every drop counted: meridian's summary says them
+                    said = [x for x in tail.splitlines() if x.startswith("lost:")]
+                    lost.append(said[0] if said else tail.strip()[-200:])
+            print(f"round {r}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in results.items()))
+        results["untraced"].append(loop(exe, data, seconds))
+    print_ratios(results, f"cached 4 KiB pread loop, {seconds:g} s per run", "preads/s")
+    print(f"meridian io (JSON to /dev/null), per round: {'; '.join(lost)}")
     if fio_n <= 0:  # fio-rounds 0: the pread loop only
         return 0
     with tempfile.TemporaryDirectory() as tmp:

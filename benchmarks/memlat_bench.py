@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _rounds import interleaved, print_ratios
+from _rounds import floor, interleaved, print_ratios
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = str(ROOT / ".venv" / "bin" / "python")
@@ -35,7 +35,8 @@ software:major-faults:1 /@start[tid]/ {
 }
 """
 CONFIGS = {
-    "meridian memlat": [*MERIDIAN, "memlat"],
+    "floor (memlat's hooks, empty)": floor("memlat"),
+    "meridian memlat": [*MERIDIAN, "memlat", "-v"],
     "bpftrace count page_fault_user": ["bpftrace", "-e", BPFTRACE_COUNT],
     "bpftrace entry/exit histogram": ["bpftrace", "-e", BPFTRACE_LATENCY],
 }

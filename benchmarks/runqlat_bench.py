@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _rounds import interleaved, print_ratios
+from _rounds import floor, interleaved, print_ratios
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = str(ROOT / ".venv" / "bin" / "python")
@@ -31,7 +31,8 @@ tracepoint:sched:sched_switch {
 }
 """
 CONFIGS = {
-    "meridian runqlat": [*MERIDIAN, "runqlat"],
+    "floor (runqlat's hooks, empty)": floor("runqlat"),
+    "meridian runqlat": [*MERIDIAN, "runqlat", "-v"],
     "bpftrace runqlat.bt": ["bpftrace", "-e", BPFTRACE],
 }
 
