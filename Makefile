@@ -23,12 +23,20 @@ PYTEST_ARGS ?=
 # under QEMU by virtme-ng over this root file system; the newest installed of each.
 KERNEL_PKGS := qemu-system-x86 busybox-static linux-image-amd64 linux-image-6.12-amd64
 KERNELS   ?= $$(for v in 6.1.0 6.12.; do ls -v /boot/vmlinuz-$$v* | tail -n 1; done)
+# The OCI image (make image, deploy/image/build.sh): mmdebstrap makes the root file
+# system, podman holds the image; runc runs it where crun cannot (a host with hybrid
+# cgroups, tests/test_image.py).
+IMAGE_PKGS := mmdebstrap podman runc
+VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE     ?= localhost/meridian:$(VERSION)
+IMAGE_SRC := $(shell find src/meridian -name __pycache__ -prune -o -type f \( -name '*.py' -o -name '*.sql' -o -name py.typed \) -print)
 
-.PHONY: help deps venv bpf run test test-kernels lint bench clean
+.PHONY: help deps venv bpf run test test-kernels image lint bench clean
 help:
 	@echo "make run    set up (Debian packages, venv, BPF objects) and run meridian io for 10 s"
 	@echo "make test   the same set-up, then the whole test suite"
 	@echo "make test-kernels   the kernel tests again on Debian's 6.1 and 6.12 kernels (QEMU guests)"
+	@echo "make image  the OCI image $(IMAGE) in podman's store (Debian 12, no registry needed)"
 	@echo "make lint   ruff and mypy"
 	@echo "make bench  every benchmark in benchmarks/ (tables to copy into benchmarks/RESULTS.md)"
 
@@ -83,6 +91,19 @@ $(BUILD)/.kernel-deps: Makefile | $(BUILD)/.deps
 test-kernels: venv bpf $(BUILD)/.kernel-deps
 	$(PY) -m pip install -q -e '.[kernels]'
 	$(PY) tests/kernel_matrix.py $(KERNELS)
+
+$(BUILD)/.image-deps: Makefile | $(BUILD)/.deps
+	$(call install_missing,$(IMAGE_PKGS))
+
+# Rebuilt when the script, pyproject.toml, the sources or the BPF objects change, or
+# when the image is no longer in podman's store (podman rmi).
+image: venv bpf $(BUILD)/.image-deps
+	@podman image exists $(IMAGE) || rm -f $(BUILD)/image/.built
+	@$(MAKE) --no-print-directory $(BUILD)/image/.built
+
+$(BUILD)/image/.built: deploy/image/build.sh pyproject.toml $(IMAGE_SRC) $(BPF_OBJ)
+	deploy/image/build.sh $(PY) $(BUILD)/image $(IMAGE)
+	@touch $@
 
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks
