@@ -71,11 +71,12 @@ class NetnsPair:
         length: int | None = None,
         cpus: tuple[int, int] | None = None,
         interval: float | None = None,
+        bitrate: str | None = None,
     ) -> subprocess.Popen[str]:
         """A TCP (or UDP) stream from a to b for `seconds`, `length` bytes a write,
         started and not waited for: the server, then the client once the server
         listens. `cpus` pins the client and the server to one CPU each; `interval` s
-        between iperf3's reports."""
+        between iperf3's reports; `bitrate` caps the stream (iperf3's -b: "50M")."""
         pin_server = ["-A", str(cpus[1])] if cpus else []
         last = self.servers.pop(port, None)
         if last is not None:  # the last run's server (-1) exits after its client's end
@@ -96,7 +97,9 @@ class NetnsPair:
         if cpus:
             cmd += ["-A", str(cpus[0])]
         if udp:
-            cmd += ["-u", "-b", "0"]
+            cmd += ["-u", "-b", bitrate or "0"]  # 0: as fast as it goes
+        elif bitrate is not None:
+            cmd += ["-b", bitrate]
         if length is not None:
             cmd += ["-l", str(length)]
         if interval is not None:
