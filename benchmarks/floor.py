@@ -115,6 +115,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tool", choices=TOOLS)
     ap.add_argument("--reserve", action="store_true", help="exit hooks reserve and discard")
+    ap.add_argument("-v", action="store_true", help="ignored: it always says when attached")
     args = ap.parse_args(argv)
     strategy, sections, perf = tool_programs(args.tool)
     stop = False

@@ -31,6 +31,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from _rounds import floor  # noqa: E402
 from netns import NetnsPair, netns_pair  # noqa: E402
 
 MERIDIAN = [sys.executable, "-m", "meridian", "sentinel"]
@@ -242,6 +243,7 @@ def throughput(cycles: int) -> None:
     are compared instead (see STATISTICS). The reports and phases are written to a
     JSON file for another look."""
     tracers = {
+        "floor (sentinel's hooks, empty; cpu-clock 99 Hz)": floor("sentinel"),
         "sentinel mode (cpu-clock 99 Hz)": [*MERIDIAN, "--metrics-port", "0"],
         "diagnostic mode": [*MERIDIAN, "--metrics-port", "0", "--mode", "diagnostic"],
     }

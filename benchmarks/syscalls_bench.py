@@ -6,8 +6,9 @@ recorded, spooled raw and written as JSON lines when the loop ends; printed to
 `strace -f -e trace=openat,newfstatat,close -o /dev/null`, under bpftrace
 printing the same calls (enter and exit), and with meridian's programs attached but
 filtering the loop out in the kernel (`-p` of an idle process): the floor that the
-raw syscall hooks alone set for any tracer on them. Interleaved round by round in the
-same run. Ratios are medians of traced / untraced of the neighbouring rounds; meridian's
+raw syscall hooks alone set for any tracer on them; and floor.py's empty programs on
+the same hooks (and reserving and discarding a ring record at each exit). Interleaved
+round by round in the same run. Ratios are medians of traced / untraced of the neighbouring rounds; meridian's
 lost events (ring buffer full) are reported.
 
 Run as root from the repository: .venv/bin/python benchmarks/syscalls_bench.py [rounds] [seconds]
@@ -23,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _rounds import floor, under
 
 ROOT = Path(__file__).resolve().parent.parent
 MERIDIAN = [str(ROOT / ".venv" / "bin" / "meridian"), "syscalls"]
@@ -109,9 +112,12 @@ def main() -> int:
             "strace": [],
             "bpftrace": [],
             "hooks_only": [],
+            "floor": [],
+            "floor_reserve": [],
         }
         ratios: dict[str, list[float]] = {k: [] for k in results if k != "untraced"}
         lost: list[str] = []
+        noise: list[float] = []  # |1 - u2/u1|: the untraced runs around each round
         strace = ["strace", "-f", "-e", "trace=openat,newfstatat,close", "-o", "/dev/null"]
         with open(tmp / "out", "w") as devnull:
             for r in range(rounds):
@@ -141,7 +147,10 @@ def main() -> int:
                 hooks.wait()
                 idle.kill()
                 idle.wait()
+                fl = under(floor("syscalls"), lambda: run_loop(base)[0])
+                fr = under(floor("syscalls", reserve=True), lambda: run_loop(base)[0])
                 u2, _ = run_loop(base)
+                noise.append(abs(1 - u2 / u1))
                 u = (u1 + u2) / 2
                 for k, v in (
                     ("untraced", u),
@@ -150,19 +159,23 @@ def main() -> int:
                     ("strace", st),
                     ("bpftrace", b),
                     ("hooks_only", h),
+                    ("floor", fl),
+                    ("floor_reserve", fr),
                 ):
                     results[k].append(v)
                     if k != "untraced":
                         ratios[k].append(v / u)
                 print(
                     f"round {r + 1}: untraced {u:.0f}/s meridian {m:.0f}/s raw {mr:.0f}/s "
-                    f"strace {st:.0f}/s bpftrace {b:.0f}/s hooks only {h:.0f}/s; "
+                    f"strace {st:.0f}/s bpftrace {b:.0f}/s hooks only {h:.0f}/s "
+                    f"floor {fl:.0f}/s floor reserving {fr:.0f}/s; "
                     f"meridian: {lost[-2]}; raw: {lost[-1]}",
                     flush=True,
                 )
     print(
         f"\nmachine: {platform.node()} {platform.release()} {platform.machine()}, "
-        f"{rounds} rounds of {seconds} s"
+        f"{rounds} rounds of {seconds} s; noise (the untraced runs of a round): median "
+        f"{100 * statistics.median(noise):.1f} %, max {100 * max(noise):.1f} %"
     )
     print("iterations/s (openat+fstat+close = 3 calls, 6 events), median of rounds:")
     for k, rates in results.items():
