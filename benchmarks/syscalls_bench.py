@@ -8,8 +8,8 @@ printing the same calls (enter and exit), and with meridian's programs attached 
 filtering the loop out in the kernel (`-p` of an idle process): the floor that the
 raw syscall hooks alone set for any tracer on them; and floor.py's empty programs on
 the same hooks (and reserving and discarding a ring record at each exit). Interleaved
-round by round in the same run. Ratios are medians of traced / untraced of the neighbouring rounds; meridian's
-lost events (ring buffer full) are reported.
+round by round in the same run. Ratios are medians of traced / untraced of the
+neighbouring rounds; meridian's lost events (ring buffer full) are reported.
 
 Run as root from the repository: .venv/bin/python benchmarks/syscalls_bench.py [rounds] [seconds]
 """
