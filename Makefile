@@ -17,7 +17,7 @@ BPFTOOL   ?= bpftool
 # a skip): gcc, libc6-dev and binutils (nm) build test programs, util-linux has setpriv,
 # taskset and losetup, mount mounts tracefs and securityfs.
 DEB_PKGS  := clang llvm libbpf-dev bpftool bpftrace fio e2fsprogs util-linux mount zstd gcc \
-             libc6-dev binutils strace prometheus iperf3 iproute2 clickhouse-server chromium
+             libc6-dev binutils strace systemd prometheus iperf3 iproute2 clickhouse-server chromium
 PYTEST_ARGS ?=
 # The kernel matrix (make test-kernels): Debian 12's own kernel and its backport, booted
 # under QEMU by virtme-ng over this root file system; the newest installed of each.
