@@ -92,6 +92,12 @@ class Symbolizer(AddressLookup):
         self._function_ids: dict[tuple[int, tuple[int, ...]], dict[int, int]] = {}
         self._function_ids_kept = 0
         self._max_function_ids = max_frames
+        # (the file's stat key, offset in it) -> function id, for every process that
+        # maps the file: a process's view read again (its mappings change whenever it
+        # maps memory: the agent's own numpy arrays) starts its table above afresh, and
+        # this answers its addresses in shared libraries without their symbols again.
+        self._file_function_ids: dict[tuple[tuple[int, int, int, int], int], int] = {}
+        self._file_ids_evicted = 0  # the function interner's evictions they were made under
         self._stack_ids: Lru[tuple[int, tuple[int, ...], tuple[int, ...]], int] = Lru(
             max(1, max_frames // 8)
         )
@@ -132,17 +138,42 @@ class Symbolizer(AddressLookup):
             found = self._function_table(owner).get(ip)
             if found is not None:
                 return found
+            at = self._file_offset(pid, ip) if owner != -1 else None
+            found = self._file_function_ids.get(at) if at is not None else None
+            if found is not None:
+                self._keep_function(owner, ip, found)
+                return found
             f, kept = self._frame(pid, ip, lines=False)
             ident = self._functions.intern((f.binary, f.function))[0]
             if owner == -1 and ident not in self._idle and self._kernel.idle(ip):
                 self._idle = self._idle | {ident}
             if kept:  # under the state after the answer (a view read again, say)
-                if self._function_ids_kept >= self._max_function_ids:
-                    self._function_ids.clear()
-                    self._function_ids_kept = 0
-                self._function_table(owner)[ip] = ident
-                self._function_ids_kept += 1
+                self._keep_function(owner, ip, ident)
+                at = self._file_offset(pid, ip) if owner != -1 else None
+                if at is not None:
+                    self._file_function_ids[at] = ident
             return ident
+
+    def _keep_function(self, owner: int, ip: int, ident: int) -> None:
+        if self._function_ids_kept >= self._max_function_ids:
+            self._function_ids.clear()
+            self._file_function_ids.clear()
+            self._function_ids_kept = 0
+        self._function_table(owner)[ip] = ident
+        self._function_ids_kept += 1
+
+    def _file_offset(self, pid: int, ip: int) -> tuple[tuple[int, int, int, int], int] | None:
+        """(the stat key of the file mapped at ip, ip's offset in it), where the file
+        was opened already and no JIT region of pid overrides it; else None."""
+        if self._file_ids_evicted != self._functions.evicted:  # ids may have moved
+            self._file_function_ids.clear()
+            self._file_ids_evicted = self._functions.evicted
+        if self._jit.get(pid) is not None:
+            return None
+        m = self._views.get(pid).find(ip)
+        if m is None or m.binary is None:
+            return None
+        return m.binary, ip - m.start + m.pgoff
 
     def _function_table(self, owner: int) -> dict[int, int]:
         key = (owner, self._state(owner))
