@@ -42,6 +42,11 @@ def test_hash_map_lookup_update_delete_iterate_batch() -> None:
         keys, vals = m.pop_all()
         assert sorted(keys.tolist()) == [1, 3, 4, 5]
         assert len(m.keys()) == 0
+        for k in (1, 2, 3):
+            m.update(k, k)
+        # the keys that were there are counted, an absent one (9) is not an error
+        assert m.delete_many(np.array([1, 9, 3], dtype=np.uint32)) == 2
+        assert m.keys().tolist() == [2]
 
 
 def test_percpu_values_come_one_per_cpu() -> None:

@@ -130,6 +130,22 @@ class Map:
             raise BpfError(f"delete in map {self.name}", err)
         return True
 
+    def delete_many(self, keys: np.ndarray[Any, Any]) -> int:
+        """Delete each key (an array of the key's type); how many there were. One
+        syscall each, from one packed buffer: for maps without batch deletes (stack
+        traces), at a few microseconds a key rather than the tens of delete()."""
+        packed = np.ascontiguousarray(keys, dtype=self.key_dtype)
+        delete, fd, size = L.lib().bpf_map_delete_elem, self.fd, self.key_dtype.itemsize
+        base = packed.ctypes.data
+        deleted = 0
+        for i in range(len(packed)):
+            ret = delete(fd, base + i * size)
+            if not ret:
+                deleted += 1
+            elif L.neg_errno(ret) != _errno.ENOENT:
+                raise BpfError(f"delete in map {self.name}", L.neg_errno(ret))
+        return deleted
+
     def keys(self) -> np.ndarray[Any, Any]:
         out: list[bytes] = []
         size = self.key_dtype.itemsize

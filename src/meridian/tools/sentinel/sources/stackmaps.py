@@ -61,9 +61,7 @@ class StackSides:
         if old is None or self.polls < 2 or now - self.switched_at < STACK_RETIRE_S:
             return
         m = obj.maps[STACK_MAPS[old]]
-        for idx in np.flatnonzero(self.seen[old]).tolist():
-            if m.delete(idx):
-                self.deleted += 1
+        self.deleted += m.delete_many(np.flatnonzero(self.seen[old]))
         self.seen[old][:] = False
         self.used[old] = 0
         self.cache[old].clear()
