@@ -9,13 +9,15 @@ runs (start-up excluded), as a share of one core; RSS is VmRSS at the end and Vm
 Run as root from the repository (a quiet machine):
     .venv/bin/python benchmarks/sentinel_bench.py [seconds] [rounds] [PART]
 
-PART: mock, cpu-clock, store (the mock writing to embedded chDB) or throughput.
+PART: mock, cpu-clock (with `yes` on every CPU, so that cpu-clock fires at its
+rate), store (the mock writing to embedded chDB) or throughput.
 For throughput, [rounds] is the number of cycles (untraced, sentinel mode, untraced,
 diagnostic mode) of PHASE_S each; [seconds] is the cost table's measuring time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -26,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +90,20 @@ def agent_cost(config: str, seconds: float, warmup: float = 4.0) -> dict[str, An
     }
 
 
+@contextlib.contextmanager
+def busy_cpus() -> Iterator[None]:
+    """`yes > /dev/null` on every CPU (a busy host) while the agent is measured."""
+    procs = [
+        subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(os.cpu_count() or 1)
+    ]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def mock_config(rate: int) -> str:
     # Budgets out of the way (per mock CPU, 4 of them): what is measured is the agent.
     return (
@@ -127,6 +144,9 @@ def cost_table(seconds: float, only: str = "") -> None:
             if config is None:
                 with tempfile.TemporaryDirectory() as store:
                     r = agent_cost(store_config(rate, store), seconds)
+            elif part == "cpu-clock":
+                with busy_cpus():  # cpu-clock fires at its rate on CPUs that run
+                    r = agent_cost(config(rate), seconds)
             else:
                 r = agent_cost(config(rate), seconds)
             drops = ", ".join(f"{k} {v}" for k, v in r["dropped"].items() if v) or "0"

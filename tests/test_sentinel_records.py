@@ -11,6 +11,7 @@ import pytest
 from bpfbuild import compile_bpf
 
 from meridian.bpf import BpfObject, object_path
+from meridian.tools.sentinel.agent.run import RECORD_BYTES, ring_bytes
 from meridian.tools.sentinel.model import records
 from meridian.tools.sentinel.model.records import EVENT_NAMES, Event, FlowSource
 
@@ -105,3 +106,11 @@ def test_take_concat_copy_as_numpy() -> None:
     c = copy_records(a)
     c["pid"] = 9
     assert (a["pid"] == 3).all() and c.dtype == a.dtype
+
+
+def test_the_ring_is_sized_by_the_real_record() -> None:
+    # three seconds of samples of struct ms_sample and its 8-byte ring header: a
+    # rounded-up record size doubled the ring (and the RSS, which counts it twice)
+    assert records.sample_dtype().itemsize + 8 == RECORD_BYTES
+    assert ring_bytes(100_000) == 32 << 20 >= 3 * 100_000 * RECORD_BYTES
+    assert ring_bytes(1_000) == 4 << 20  # the smallest
