@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..model.dataobjects import DataObject, DataObjects
 from ..model.frames import UNKNOWN, Frame
+from ..model.rollup import is_provisional
 from . import elf
 from .kallsyms import KERNEL_START, is_kernel
 from .lookup import AddressLookup, Costly
@@ -326,12 +327,16 @@ class Symbolizer(AddressLookup):
 
     def canonical_function(self, function_id: int) -> int | None:
         """The interned id a provisional function id was resolved to (None while it
-        waits for a read); any other id itself."""
+        waits for a read); any other id itself (no lock: a window ranks thousands)."""
+        if not is_provisional(function_id):
+            return function_id
         with self._lock:
             return self._pfunctions.canonical(function_id)
 
     def canonical_stack(self, stack_id: int) -> int | None:
         """canonical_function for stack ids."""
+        if not is_provisional(stack_id):
+            return stack_id
         with self._lock:
             return self._pstacks.canonical(stack_id)
 
