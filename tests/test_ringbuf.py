@@ -102,3 +102,18 @@ def test_close_is_idempotent_and_drain_after_close_is_empty(
     reader.close()
     reader.close()
     assert len(reader.drain()) == 0
+
+
+def test_a_limited_drain_leaves_the_rest_for_the_next(ring: tuple[FakeRing, RingBuffer]) -> None:
+    fake, reader = ring
+    for i in range(50):
+        fake.write(rec(i))
+    stride = 24  # an 8-byte header and the 16-byte record
+    assert reader.fill() == 50 * stride / SIZE
+    assert reader.drain(20)["seq"].tolist() == list(range(20))
+    assert reader.fill() == 30 * stride / SIZE  # the rest still in the ring
+    fake.write(rec(50), flags=DISCARD)  # a discarded record: the walk's path, limited too
+    fake.write(rec(51))
+    assert reader.drain(25)["seq"].tolist() == list(range(20, 45))
+    assert reader.drain()["seq"].tolist() == [*range(45, 50), 51]
+    assert reader.fill() == 0.0

@@ -100,6 +100,10 @@ class RingBuffer:
         if not self.closed:
             self._epoll.poll(timeout)
 
+    def fill(self) -> float:
+        """The share of the ring that holds records not read yet."""
+        return 0.0 if self.closed else (self._producer() - self._consumer()) / self.size
+
     def poll(self, timeout: float, limit: int | None = None) -> np.ndarray[Any, Any]:
         """Wait up to `timeout` seconds for a wake-up (or close), then drain."""
         self.wait(timeout)

@@ -72,7 +72,8 @@ DROP_REASONS = ("token_bucket", "hard_drop", "ring_full")  # lbr_ring_full: the
 # sample went out without its branches, so it is in counters(), not a lost sample
 # Samples taken from the ring per poll: a consumer behind takes the backlog in batches
 # of this many (5 MiB) back to back, rather than the whole ring at once (a 64 MiB ring
-# then meant copies of 64 MiB at each step of the pipeline, and 300-400 MB RSS).
+# then meant copies of 64 MiB at each step of the pipeline, and 300-400 MB RSS), until
+# the ring is half full: then all of it (KernelSource.poll).
 BATCH_LIMIT = 1 << 16
 MAX_SLOTS = 16  # MS_MAX_EVENTS: cookie slots
 SLOT_DATA_ADDR = 1  # MS_SLOT_DATA_ADDR
@@ -278,7 +279,10 @@ class KernelSource(Session):
             return np.empty(0, self._sample_dtype), np.empty(0, self._lbr_dtype)
         began = time.monotonic()
         self._stacks.before_poll(self._obj(), began)
-        samples = self.ring.poll(timeout_s, self.batch_limit)
+        # Past half full the ring is emptied at once: a starved consumer then holds the
+        # backlog in its own memory, not the kernel's ring that would drop what comes.
+        limit = self.batch_limit if self.ring.fill() < 0.5 else None
+        samples = self.ring.poll(timeout_s, limit)
         if self.stacks:
             self._stacks.after_poll(self._obj(), samples, began)
         lbr = (
