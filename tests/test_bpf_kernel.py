@@ -191,6 +191,36 @@ def test_verifier_rejection_names_the_program_and_quotes_the_log(tmp_path: Path)
     assert info.value.log_tail
 
 
+BIG_MAPS = """
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 8192);
+         __type(key, __u32); __type(value, __u64); } big SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_PERCPU_HASH); __uint(max_entries, 8192);
+         __type(key, __u32); __type(value, __u64); } big_percpu SEC(".maps");
+SEC("tracepoint/syscalls/sys_enter_getppid") int touch(void *ctx) { return 0; }
+char LICENSE[] SEC("license") = "GPL";
+"""
+
+
+def test_batch_reads_of_maps_bigger_than_a_chunk(tmp_path: Path) -> None:
+    # 3,000 elements come back in chunks of BATCH_CHUNK (1,024), every one once
+    src = tmp_path / "big.bpf.c"
+    src.write_text(BIG_MAPS)
+    with BpfObject(compile_bpf(src, tmp_path / "big.bpf.o")) as obj:
+        obj.load()
+        for name in ("big", "big_percpu"):
+            m = obj.maps[name]
+            for k in range(3000):
+                m.update(k, k * 7)
+            keys, vals = m.items()
+            got = vals if vals.ndim == 1 else vals[:, 0]
+            pairs = sorted(zip(keys.tolist(), got.tolist(), strict=True))
+            assert pairs == [(k, k * 7) for k in range(3000)]
+            keys, _ = m.pop_all()
+            assert sorted(keys.tolist()) == list(range(3000)) and len(m.keys()) == 0
+
+
 def test_without_privileges_the_tools_say_what_to_do() -> None:
     if not shutil.which("setpriv"):
         pytest.skip("setpriv not installed")

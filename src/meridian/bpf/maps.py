@@ -186,9 +186,11 @@ class Map:
     def _batch(self, delete: bool) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         lib = L.lib()
         fn = lib.bpf_map_lookup_and_delete_batch if delete else lib.bpf_map_lookup_batch
-        chunk = max(self.max_entries, 1)
-        keys = L.buffer(self.key_dtype.itemsize * chunk)
-        vals = L.buffer(self._slot_dtype.itemsize * self.ncpus * chunk)
+        # BATCH_CHUNK elements a call, not the map's capacity: io's stats map, sized for
+        # thousands of processes, made two 64 MB buffers at every read of a few entries.
+        ksize, vsize = self.key_dtype.itemsize, self._slot_dtype.itemsize * self.ncpus
+        chunk = min(max(self.max_entries, 1), BATCH_CHUNK)
+        keys, vals = L.buffer(ksize * chunk), L.buffer(vsize * chunk)
         token_in, token_out = (
             L.buffer(max(self.key_dtype.itemsize, 8)),
             L.buffer(max(self.key_dtype.itemsize, 8)),
@@ -203,12 +205,17 @@ class Map:
             )
             err = L.neg_errno(ret) if ret else 0
             n = count.value
+            if err == _errno.ENOSPC and n == 0 and chunk < self.max_entries:
+                # a hash bucket holds more elements than a chunk: a bigger one, again
+                chunk = min(2 * chunk, self.max_entries)
+                keys, vals = L.buffer(ksize * chunk), L.buffer(vsize * chunk)
+                continue
             if err and err != _errno.ENOENT:
                 if first and err in _BATCH_UNSUPPORTED:
                     raise _BatchUnsupported(err)
                 raise BpfError(f"batch lookup in map {self.name}", err)
-            kparts.append(keys.raw[: n * self.key_dtype.itemsize])
-            vparts.append(vals.raw[: n * self._slot_dtype.itemsize * self.ncpus])
+            kparts.append(L.read_bytes(L.address(keys), n * ksize))  # n elements, not all
+            vparts.append(L.read_bytes(L.address(vals), n * vsize))
             if err == _errno.ENOENT or n == 0:
                 break
             L.write_bytes(L.address(token_in), token_out.raw)
@@ -217,6 +224,9 @@ class Map:
         n_total = len(kraw) // self.key_dtype.itemsize
         keys_arr: np.ndarray[Any, Any] = np.frombuffer(kraw, dtype=self.key_dtype).copy()
         return keys_arr, self._decode_values(vraw, n_total).copy()
+
+
+BATCH_CHUNK = 1024  # elements a batch call returns at most (Map._batch)
 
 
 class _BatchUnsupported(Exception):
