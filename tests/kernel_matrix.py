@@ -63,7 +63,9 @@ TOOLS = {name: [s.name for s in strategies] for name, strategies in TOOL_STRATEG
 SLOWDOWN = 5
 # One guest: the boot and Python's start-up alone take ~30 s under TCG.
 GUEST_TIMEOUT_S = 1500
-# pytest has collected the tests by then (~60 s here), or the boot hung: booted again once
+# pytest has collected the tests by then (~60 s here), or the boot hung: booted again once,
+# as is a guest that died during the tests (vng's status 255: the 6.12 guest did once,
+# 6 minutes in, and passed every test on the next boot)
 BOOT_TIMEOUT_S = 420
 BOOT_TRIES = 2
 # one test at most (the slowest takes ~50 s under TCG): a hang fails that test, with the
@@ -113,7 +115,8 @@ def guest_script(tests: list[str], junit: Path) -> str:
 
 def boot(image: Path, tests: list[str], scratch: Path) -> Result:
     """Boot `image`, run the tests in it, read back their JUnit report. A boot that
-    never reaches pytest is tried again (BOOT_TRIES)."""
+    never reaches pytest, or a guest that dies during the tests (a status that is not
+    pytest's), is tried again (BOOT_TRIES)."""
     kernel = image.name.removeprefix("vmlinuz-")
     junit = scratch / f"{kernel}.xml"
     script = scratch / f"{kernel}.sh"
@@ -132,6 +135,9 @@ def boot(image: Path, tests: list[str], scratch: Path) -> Result:
         result.tail = list(guest.tail)
         if guest.hung == "boot" and attempt < BOOT_TRIES:
             print(f"== {kernel}: no test started in {BOOT_TIMEOUT_S} s: booting again", flush=True)
+            continue
+        if not guest.hung and status not in (0, 1) and attempt < BOOT_TRIES:
+            print(f"== {kernel}: the guest ended with status {status}: booting again", flush=True)
             continue
         if guest.hung == "boot":
             result.error = f"no test started in {BOOT_TIMEOUT_S} s, {BOOT_TRIES} boots"

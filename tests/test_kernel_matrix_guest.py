@@ -5,6 +5,7 @@ and the console's last lines are kept for the report."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import kernel_matrix
 import pytest
@@ -34,3 +35,26 @@ def test_a_run_that_ends_is_not_hung(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernel_matrix, "BOOT_TIMEOUT_S", 5.0)
     guest = kernel_matrix.Guest(["sh", "-c", "echo collected 1 item; exit 1"])
     assert guest.run() == 1 and guest.hung == ""
+
+
+def test_a_guest_that_dies_during_the_tests_is_booted_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    statuses = [255, 0]  # vng's status when the guest died; then a run that passed
+
+    class FakeGuest:
+        def __init__(self, argv: list[str]) -> None:
+            self.hung, self.tail = "", ["collected 1 item"]
+
+        def run(self) -> int:
+            status = statuses.pop(0)
+            if status == 0:  # the second boot writes its report
+                (tmp_path / "9.9.xml").write_text(
+                    '<testsuite><testcase classname="tests.test_x" name="test_y"/></testsuite>'
+                )
+            return status
+
+    monkeypatch.setattr(kernel_matrix, "Guest", FakeGuest)
+    result = kernel_matrix.boot(Path("/boot/vmlinuz-9.9"), ["tests/test_x.py"], tmp_path)
+    assert statuses == [] and result.error == ""
+    assert result.passed == ["tests.test_x::test_y"]

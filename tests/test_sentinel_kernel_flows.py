@@ -82,7 +82,7 @@ def test_flow_attribution_over_veth(strategy: str) -> None:
         try:
             result = pair.iperf3(round(patience(3)), cport=cport)  # longer in a guest
             pair.servers[5201].wait(patience(10))  # the server's close: the stream's end
-            time.sleep(0.05)  # its last ACK
+            time.sleep(patience(0.05))  # its last ACK (a guest is several times slower)
             ended_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # the samples' clock
             marks = last_packet_then_busy(pair, patience(0.3))
         finally:
