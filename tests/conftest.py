@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -128,6 +129,17 @@ class LoopDevice:
             yield
         finally:
             os.close(fd)
+
+
+PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
+
+
+@pytest.fixture
+def promtool() -> str:
+    """promtool's path (Debian's prometheus package); a skip without it."""
+    if not Path(PROMTOOL).exists():
+        pytest.skip("promtool is not installed (Debian's prometheus package; make installs it)")
+    return PROMTOOL
 
 
 @pytest.fixture

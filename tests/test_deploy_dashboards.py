@@ -39,7 +39,6 @@ ROOT = Path(__file__).resolve().parents[1]
 BOARDS = ROOT / "deploy" / "grafana"
 TOOLS = ("io", "biolat", "memlat", "runqlat", "sentinel")
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 INSTANCE = 'instance=~"$instance"'
 # Grafana's own variables as a panel on a short time range has them with this test's
@@ -195,16 +194,14 @@ def test_heat_maps_are_histogram_buckets_per_second(tool: str) -> None:
         assert p["options"]["calculate"] is False and p["options"]["yAxis"]["unit"] == "s"
 
 
-def test_promtool_parses_every_panel_query(tmp_path: Path) -> None:
-    if not Path(PROMTOOL).exists():
-        pytest.skip("promtool is not installed (Debian's prometheus package; make installs it)")
+def test_promtool_parses_every_panel_query(promtool: str, tmp_path: Path) -> None:
     values = {"instance": "127.0.0.1:9435", "device": "sda", "event": "cycles"}
     exprs = [substitute(e, values) for tool in TOOLS for _, e in queries(tool)]
     recorded = [{"record": f"dashboard:query_{i}:check", "expr": e} for i, e in enumerate(exprs)]
     path = tmp_path / "dashboards.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": recorded}]}))
     got = subprocess.run(
-        [PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
     )
     assert got.returncode == 0, got.stdout + got.stderr
     assert f"SUCCESS: {len(exprs)} rules found" in got.stdout

@@ -17,6 +17,7 @@ sentinel agent, and the agent's example configuration.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -313,14 +314,24 @@ def serving(svc: Service, port: int) -> None:
     wait_until(ready, 90, f"{svc.name}'s /metrics", step=0.25)
 
 
-@pytest.mark.kernel
-def test_io_exporter_counts_a_writer_and_a_reader_exactly(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def exporter(name: str, tmp_path: Path) -> Iterator[tuple[Service, int]]:
+    """The unit `name`'s exporter, under its sandbox on a free port, serving /metrics;
+    cleaned up (stopped, its sandbox undone) on every path."""
     port = free_port()
-    argv = replace_flag(unit(IO).exec_start()[1:], "--prometheus", f":{port}")
-    svc = Service(IO, argv, tmp_path / "journal")
+    argv = replace_flag(unit(name).exec_start()[1:], "--prometheus", f":{port}")
+    svc = Service(name, argv, tmp_path / "journal")
     try:
         svc.start()
         serving(svc, port)
+        yield svc, port
+    finally:
+        svc.clean_up()
+
+
+@pytest.mark.kernel
+def test_io_exporter_counts_a_writer_and_a_reader_exactly(tmp_path: Path) -> None:
+    with exporter(IO, tmp_path) as (svc, port):
         data, size = tmp_path / "data", 64 * 65536
         dd = ["dd", "bs=64k", "status=none"]
         env = {"PATH": os.environ["PATH"], "LC_ALL": "C"}
@@ -344,20 +355,13 @@ def test_io_exporter_counts_a_writer_and_a_reader_exactly(tmp_path: Path) -> Non
         )
         svc.stop()
         assert "error" not in svc.journal().lower()
-    finally:
-        svc.clean_up()
 
 
 @pytest.mark.kernel
 def test_biolat_exporter_counts_direct_writes_to_a_disk_exactly(
     loop_device: LoopDevice, tmp_path: Path
 ) -> None:
-    port = free_port()
-    argv = replace_flag(unit(BIOLAT).exec_start()[1:], "--prometheus", f":{port}")
-    svc = Service(BIOLAT, argv, tmp_path / "journal")
-    try:
-        svc.start()
-        serving(svc, port)
+    with exporter(BIOLAT, tmp_path) as (svc, port):
         with loop_device.udev_held_off():
             dd = ["dd", "if=/dev/zero", f"of={loop_device.path}", "bs=64k", "count=32"]
             subprocess.run([*dd, "oflag=direct", "status=none"], check=True)
@@ -371,8 +375,6 @@ def test_biolat_exporter_counts_direct_writes_to_a_disk_exactly(
         assert value(port, "system_disk_operation_duration_seconds_count", **disk) == ops
         svc.stop()
         assert "error" not in svc.journal().lower()
-    finally:
-        svc.clean_up()
 
 
 # Two programs that sleep a second, then spin a tenth of a CPU each until killed,

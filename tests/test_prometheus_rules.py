@@ -7,12 +7,10 @@ exports, and the runbook has a section for every alert and a line for every metr
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any, cast
 
-import pytest
 import yaml
 
 from meridian.export.exposition import prom_name
@@ -28,16 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy" / "prometheus" / "sentinel-rules.yml"
 TESTS = ROOT / "deploy" / "prometheus" / "sentinel-rules.test.yml"
 RUNBOOK = ROOT / "docs" / "sentinel-runbook.md"
-PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 # a metric name in an expression, not a recording rule's (those have colons)
 METRIC = re.compile(r"(?<![\w:])(ms_\w+|up)(?![\w:])")
-
-
-@pytest.fixture
-def promtool() -> str:
-    if not Path(PROMTOOL).exists():
-        pytest.skip("promtool is not installed (Debian's prometheus package; make installs it)")
-    return PROMTOOL
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

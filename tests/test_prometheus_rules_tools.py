@@ -10,8 +10,6 @@ the dashboards to the same rule."""
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,6 @@ from meridian.export.series import Family
 ROOT = Path(__file__).resolve().parents[1]
 RULES_DIR = ROOT / "deploy" / "prometheus"
 TOOLS = ("io", "biolat", "memlat", "runqlat")  # sentinel's: test_prometheus_rules.py
-PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 # the drop and loss counters of each tool: each must be alerted on and on its dashboard
 LOSSES = {
     "io": {"meridian_io_lost_total"},
@@ -121,17 +118,6 @@ def fed(tool: str) -> list[str]:
     return [str(s["series"]) for case in cases for s in case["input_series"]]
 
 
-@pytest.fixture
-def promtool() -> str:
-    if not Path(PROMTOOL).exists():
-        pytest.skip("promtool is not installed (Debian's prometheus package; make installs it)")
-    return PROMTOOL
-
-
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=RULES_DIR)
-
-
 def test_every_rules_file_is_one_of_a_tool_and_tested() -> None:
     names = {p.name for p in RULES_DIR.glob("*-rules*.yml")}
     tools = {*TOOLS, "sentinel"}
@@ -140,14 +126,14 @@ def test_every_rules_file_is_one_of_a_tool_and_tested() -> None:
 
 @pytest.mark.parametrize("tool", TOOLS)
 def test_promtool_checks_the_rules(promtool: str, tool: str) -> None:
-    got = run(promtool, "check", "rules", rules_file(tool).name)
+    got = test_prometheus_rules.run(promtool, "check", "rules", rules_file(tool).name)
     assert got.returncode == 0, got.stdout + got.stderr
     assert f"SUCCESS: {len(rules(tool))} rules found" in got.stdout
 
 
 @pytest.mark.parametrize("tool", TOOLS)
 def test_promtool_unit_tests_pass(promtool: str, tool: str) -> None:
-    got = run(promtool, "test", "rules", unit_tests_file(tool).name)
+    got = test_prometheus_rules.run(promtool, "test", "rules", unit_tests_file(tool).name)
     assert got.returncode == 0, got.stdout + got.stderr
     assert "SUCCESS" in got.stdout
 
