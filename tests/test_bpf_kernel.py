@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from bpfbuild import compile_bpf
+from children import patience
 
 from meridian.bpf import BpfObject, PerfEvent, object_path, open_per_cpu, probe
 from meridian.bpf.perf import online_cpus
@@ -113,7 +114,10 @@ def test_doctor_says_why_fentry_and_kprobes_are_refused() -> None:
     from meridian.tools import io, memlat, runqlat, syscalls
 
     d = subprocess.run(
-        [sys.executable, "-m", "meridian", "doctor"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "meridian", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=patience(60),
     )
     assert d.returncode == 0, d.stderr
     lines = d.stdout.splitlines()
@@ -145,7 +149,7 @@ def test_doctor_says_why_fentry_and_kprobes_are_refused() -> None:
     j = json.loads(
         subprocess.run(
             [sys.executable, "-m", "meridian", "doctor", "--json"],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True, text=True, timeout=patience(60),
         ).stdout
     )  # fmt: skip
     assert j["lockdown"] == mode
@@ -233,7 +237,7 @@ def test_without_privileges_the_tools_say_what_to_do() -> None:
             capture_output=True,
             text=True,
             env=env,
-            timeout=60,
+            timeout=patience(60),
         )
 
     p = as_nobody("biolat", "1", "1")

@@ -67,10 +67,13 @@ def test_a_stream_through_the_agent_to_metrics_json_and_summary(tmp_path: Path) 
             client = pair.iperf3_start(round(patience(4)), cport=cport)
             data = {"src": pair.addr_a, "dst": pair.addr_b, "sport": str(cport), "dport": "5201"}
 
+            series: list[Any] = []  # the last read: after the stream a window may have none
+
             def stream_series() -> list[Any]:
                 fams = metrics(port)
                 norm = fams["ms_flow_event_norm"].samples if "ms_flow_event_norm" in fams else []
-                return [s for s in norm if data.items() <= s.labels.items()]
+                series[:] = [s for s in norm if data.items() <= s.labels.items()]
+                return series
 
             try:
                 wait_until(lambda: len(stream_series()) >= 2, 20, "the stream's series in /metrics")
@@ -80,7 +83,6 @@ def test_a_stream_through_the_agent_to_metrics_json_and_summary(tmp_path: Path) 
                 seen = sorted({(s.labels.get("src"), s.labels.get("sport")) for s in norm})
                 raise AssertionError(f"{data} not in {seen}; {err.read_text()[-1500:]}") from None
             pair.iperf3_result(client, patience(60))
-            series = stream_series()
             agent.send_signal(signal.SIGTERM)
             out, _ = agent.communicate(timeout=patience(30))
             assert agent.returncode == 0, err.read_text()
