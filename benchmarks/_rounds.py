@@ -51,10 +51,12 @@ def fio_randread_iops(path: str | os.PathLike[str], seconds: int) -> float:
 READY = ("strategy:", "Attaching")  # meridian -v and floor.py; bpftrace
 
 
-def floor(tool: str, reserve: bool = False) -> list[str]:
-    """The command of the tool's floor (floor.py): its hooks, empty programs."""
+def floor(tool: str, reserve: bool = False, clock: bool = False) -> list[str]:
+    """The command of the tool's floor (floor.py): its hooks, empty programs (exits
+    reserving a record, or with `clock` the latency floor: two clock reads)."""
     here = Path(__file__).resolve().parent
-    return [sys.executable, str(here / "floor.py"), tool, *(["--reserve"] if reserve else [])]
+    how = ["--reserve"] * reserve + ["--clock"] * clock
+    return [sys.executable, str(here / "floor.py"), tool, *how]
 
 
 def under(cmd: list[str], workload: Callable[[], float], ready: float = 60.0) -> float:

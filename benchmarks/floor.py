@@ -9,11 +9,19 @@ it selects with default options), compiled with clang, loaded and attached; with
 (the floor of a tool that streams events). Perf-event programs (memlat's fault
 counters, sentinel's sampling) get the same software events, empty.
 
+With --clock, the programs do what any latency tool must at these hooks and nothing
+more: each entry-side program reads the clock into its CPU's slot (a global, no map
+call), each exit-side one (perf-event programs included: memlat's fault ends) reads it
+again and adds the difference to its CPU's sum; the tool's other hooks stay empty.
+The latency floor: below it, a tool would have to time its operations without two
+clock reads.
+
 Prints "strategy: floor of TOOL (...)" on stderr once attached (the line the
 benchmarks wait for, as for `meridian TOOL -v`), then waits for SIGINT or SIGTERM.
 
 Run as root from the repository:
-    .venv/bin/python benchmarks/floor.py io|memlat|runqlat|syscalls|biolat|sentinel [--reserve]
+    .venv/bin/python benchmarks/floor.py io|memlat|runqlat|syscalls|biolat|sentinel \
+        [--reserve | --clock]
 """
 
 from __future__ import annotations
@@ -89,14 +97,34 @@ def emits(section: str) -> bool:
     )
 
 
-def source(sections: list[str], perf: int, reserve: bool) -> str:
-    """One empty program per section (XDP passes the packet), `perf` perf-event ones."""
+CLOCK_START = "t0[bpf_get_smp_processor_id() & 63] = bpf_ktime_get_ns(); return 0;"
+CLOCK_END = (
+    "__u32 c = bpf_get_smp_processor_id() & 63; sum[c] += bpf_ktime_get_ns() - t0[c]; return 0;"
+)
+
+
+def starts(section: str) -> bool:
+    """A hook where a latency tool starts its clock: a syscall's, fault's or request's
+    start (the other hooks stay empty with --clock)."""
+    return (
+        "sys_enter" in section
+        or "page_fault" in section
+        or section.endswith("rq_issue")
+        or section.startswith(("fentry/", "kprobe/"))
+    )
+
+
+def source(sections: list[str], perf: int, reserve: bool, clock: bool = False) -> str:
+    """One empty program per section (XDP passes the packet), `perf` perf-event ones;
+    `clock`: the latency floor (module docstring)."""
     out = ['#include "vmlinux.h"', "#include <bpf/bpf_helpers.h>"]
     if reserve:
         out.append(
             "struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 1 << 22); } rb"
             ' SEC(".maps");'
         )
+    if clock:
+        out.append("__u64 t0[64], sum[64];")
     for i, sec in enumerate(sections):
         body = "return 0;"
         if sec == "xdp":
@@ -104,9 +132,12 @@ def source(sections: list[str], perf: int, reserve: bool) -> str:
         elif reserve and emits(sec):
             body = f"void *r = bpf_ringbuf_reserve(&rb, {RESERVE_BYTES}, 0);"
             body += " if (r) bpf_ringbuf_discard(r, 0); return 0;"
+        elif clock:
+            body = CLOCK_END if emits(sec) else CLOCK_START if starts(sec) else body
         out.append(f'SEC("{sec}") int floor_{i}(void *ctx) {{ {body} }}')
     for i in range(perf):
-        out.append(f'SEC("perf_event") int floor_perf_{i}(void *ctx) {{ return 0; }}')
+        body = CLOCK_END if clock else "return 0;"
+        out.append(f'SEC("perf_event") int floor_perf_{i}(void *ctx) {{ {body} }}')
     out.append('char LICENSE[] SEC("license") = "GPL";')
     return "\n".join(out) + "\n"
 
@@ -114,7 +145,9 @@ def source(sections: list[str], perf: int, reserve: bool) -> str:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tool", choices=TOOLS)
-    ap.add_argument("--reserve", action="store_true", help="exit hooks reserve and discard")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--reserve", action="store_true", help="exit hooks reserve and discard")
+    how.add_argument("--clock", action="store_true", help="the latency floor: two clock reads")
     ap.add_argument("-v", action="store_true", help="ignored: it always says when attached")
     args = ap.parse_args(argv)
     strategy, sections, perf = tool_programs(args.tool)
@@ -128,7 +161,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, halt)
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "floor.bpf.c"
-        src.write_text(source(sections, len(perf), args.reserve))
+        src.write_text(source(sections, len(perf), args.reserve, args.clock))
         with BpfObject(compile_bpf(src, Path(tmp) / "floor.bpf.o")) as obj:
             obj.load()
             obj.attach([f"floor_{i}" for i in range(len(sections))])
@@ -136,7 +169,7 @@ def main(argv: list[str]) -> int:
                 for fd in open_per_cpu(event, sample_period=0 if freq else 1, freq=freq):
                     obj.programs[f"floor_perf_{i}"].attach_perf_event(fd)
             hooks = ", ".join(sections + [f"perf {e}" for _, e, _ in perf])
-            what = " reserving" if args.reserve else ""
+            what = " reserving" if args.reserve else " timing" if args.clock else ""
             print(f"strategy: floor of {args.tool} ({strategy}{what}): {hooks}", file=sys.stderr)
             sys.stderr.flush()
             while not stop:

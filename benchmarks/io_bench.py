@@ -117,6 +117,7 @@ def main(argv: list[str]) -> int:
     fio_s = int(argv[4]) if len(argv) > 4 else 5
     names = {
         "floor": "floor (io's hooks, empty)",
+        "floor-clock": "latency floor (io's hooks, two clock reads)",
         "no-events": "meridian io --no-events",
         "floor-reserve": "floor (io's hooks, exits reserve and discard)",
         "stream": "meridian io (JSON to /dev/null)",
@@ -134,6 +135,7 @@ def main(argv: list[str]) -> int:
         loop(exe, data, 0.5)  # warm the page cache
         tracers = {
             "floor": (floor("io"), False),
+            "floor-clock": (floor("io", clock=True), False),
             "no-events": ([*MERIDIAN, "--no-events"], False),
             "floor-reserve": (floor("io", reserve=True), False),
             "stream": (MERIDIAN, False),

@@ -36,6 +36,7 @@ software:major-faults:1 /@start[tid]/ {
 """
 CONFIGS = {
     "floor (memlat's hooks, empty)": floor("memlat"),
+    "latency floor (memlat's hooks, two clock reads)": floor("memlat", clock=True),
     "meridian memlat": [*MERIDIAN, "memlat", "-v"],
     "bpftrace count page_fault_user": ["bpftrace", "-e", BPFTRACE_COUNT],
     "bpftrace entry/exit histogram": ["bpftrace", "-e", BPFTRACE_LATENCY],

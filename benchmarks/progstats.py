@@ -7,29 +7,62 @@ value), starts the tool, and reads run_time_ns / run_cnt of the tool's programs
 (found by the tool's PID in `bpftool prog show`) before and after the workload. The
 kernel's accounting itself costs a few tens of ns per run, included in every number.
 
+With --floors, each round also measures the tool's floors at the same hooks
+(benchmarks/floor.py): empty programs, and the latency floor (two clock reads).
+
 Run as root from the repository:
-  .venv/bin/python benchmarks/progstats.py memlat [rounds]
+  .venv/bin/python benchmarks/progstats.py memlat [rounds] [--floors]
   .venv/bin/python benchmarks/progstats.py runqlat [rounds]
+  .venv/bin/python benchmarks/progstats.py io [rounds] [--floors]
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
-import time
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from _rounds import compile_c, floor, wait_ready
+from io_bench import LOOP_C, loop
 from memlat_bench import touch
 from runqlat_bench import pingpong
 
 ROOT = Path(__file__).resolve().parent.parent
 MERIDIAN = str(ROOT / ".venv" / "bin" / "meridian")
 SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
-WORKLOADS: dict[str, Callable[[float], float]] = {"memlat": touch, "runqlat": pingpong}
+
+
+WORK = Path(tempfile.mkdtemp(prefix="progstats-"))
+atexit.register(shutil.rmtree, WORK, True)
+
+
+@functools.cache
+def pread_loop() -> tuple[Path, Path]:
+    """io_bench's pread loop, compiled once, and its 1 MiB file."""
+    data = WORK / "data.bin"
+    data.write_bytes(os.urandom(1 << 20))
+    return compile_c(LOOP_C, WORK, "preadloop"), data
+
+
+def preads(seconds: float) -> float:
+    """io_bench's cached 4 KiB pread loop: preads per second."""
+    return loop(*pread_loop(), seconds)
+
+
+WORKLOADS: dict[str, Callable[[float], float]] = {
+    "memlat": touch,
+    "runqlat": pingpong,
+    "io": preads,
+}
 
 
 def prog_ids(pid: int) -> set[int]:
@@ -56,13 +89,16 @@ def prog_stats(pid: int) -> dict[str, tuple[int, int]]:
     return stats
 
 
-def measure(tool: str, seconds: float) -> tuple[float, dict[str, tuple[float, int]]]:
-    """(workload rate, {program: (ns per run, runs)}) for one run of the workload."""
-    p = subprocess.Popen([MERIDIAN, tool], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def measure(
+    tool: str, seconds: float, cmd: list[str] | None = None
+) -> tuple[float, dict[str, tuple[float, int]]]:
+    """(workload rate, {program: (ns per run, runs)}) for one run of the workload under
+    `cmd` (default: the tool itself)."""
+    cmd = cmd or [MERIDIAN, tool, "-v"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(3.0)  # loaded and attached
-        if p.poll() is not None:
-            raise RuntimeError(f"{tool} exited: {p.stderr.read() if p.stderr else ''!r}")
+        assert p.stderr is not None
+        wait_ready(p.stderr, "strategy:", " ".join(cmd))  # loaded and attached
         before = prog_stats(p.pid)
         rate = WORKLOADS[tool](seconds)
         after = prog_stats(p.pid)
@@ -79,17 +115,22 @@ def measure(tool: str, seconds: float) -> tuple[float, dict[str, tuple[float, in
 
 
 def main() -> int:
-    tool = sys.argv[1] if len(sys.argv) > 1 else "memlat"
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    args = [a for a in sys.argv[1:] if a != "--floors"]
+    tool = args[0] if args else "memlat"
+    rounds = int(args[1]) if len(args) > 1 else 3
+    configs: dict[str, list[str] | None] = {tool: None}
+    if "--floors" in sys.argv:
+        configs = {"empty": floor(tool), "latency floor": floor(tool, clock=True), **configs}
     old = SYSCTL.read_text().strip()
     SYSCTL.write_text("1")
     try:
         for r in range(rounds):
-            rate, per_run = measure(tool, 3.0)
-            progs = ", ".join(
-                f"{name} {ns:.0f} ns x {runs:,}" for name, (ns, runs) in sorted(per_run.items())
-            )
-            print(f"round {r + 1}: {rate:,.0f}/s; {progs}", flush=True)
+            for what, cmd in configs.items():
+                rate, per_run = measure(tool, 3.0, cmd)
+                progs = ", ".join(
+                    f"{name} {ns:.0f} ns x {runs:,}" for name, (ns, runs) in sorted(per_run.items())
+                )
+                print(f"round {r + 1}, {what}: {rate:,.0f}/s; {progs}", flush=True)
     finally:
         SYSCTL.write_text(old)
     return 0
