@@ -41,16 +41,14 @@ MERIDIAN = str(ROOT / ".venv" / "bin" / "meridian")
 SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 
 
-WORK = Path(tempfile.mkdtemp(prefix="progstats-"))
-atexit.register(shutil.rmtree, WORK, True)
-
-
 @functools.cache
 def pread_loop() -> tuple[Path, Path]:
-    """io_bench's pread loop, compiled once, and its 1 MiB file."""
-    data = WORK / "data.bin"
+    """io_bench's pread loop, compiled once, and its 1 MiB file (removed at exit)."""
+    work = Path(tempfile.mkdtemp(prefix="progstats-"))
+    atexit.register(shutil.rmtree, work, True)
+    data = work / "data.bin"
     data.write_bytes(os.urandom(1 << 20))
-    return compile_c(LOOP_C, WORK, "preadloop"), data
+    return compile_c(LOOP_C, work, "preadloop"), data
 
 
 def preads(seconds: float) -> float:
