@@ -132,21 +132,17 @@ def main() -> int:
                 bt = subprocess.Popen(
                     ["bpftrace", str(tmp / "trace.bt")], stdout=devnull, stderr=subprocess.DEVNULL
                 )
-                time.sleep(3)  # compiled and attached
+                time.sleep(3)  # compiled and attached (its ready line is in what it prints)
                 b, _ = run_loop(base)
                 bt.terminate()
                 bt.wait()
                 idle = subprocess.Popen(["sleep", "1000"])
-                hooks = subprocess.Popen(
-                    [*MERIDIAN, "-q", "-w", "/dev/null", "-p", str(idle.pid)],
-                    stderr=subprocess.DEVNULL,
-                )
-                time.sleep(3)  # attached
-                h, _ = run_loop(base)
-                hooks.terminate()
-                hooks.wait()
-                idle.kill()
-                idle.wait()
+                try:  # the hooks attached, tracing a process that makes no calls
+                    hooks = [*MERIDIAN, "-v", "-q", "-w", "/dev/null", "-p", str(idle.pid)]
+                    h = under(hooks, lambda: run_loop(base)[0])
+                finally:
+                    idle.kill()
+                    idle.wait()
                 fl = under(floor("syscalls"), lambda: run_loop(base)[0])
                 fr = under(floor("syscalls", reserve=True), lambda: run_loop(base)[0])
                 u2, _ = run_loop(base)

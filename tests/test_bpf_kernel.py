@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,45 @@ def test_hash_map_lookup_update_delete_iterate_batch() -> None:
         # the keys that were there are counted, an absent one (9) is not an error
         assert m.delete_many(np.array([1, 9, 3], dtype=np.uint32)) == 2
         assert m.keys().tolist() == [2]
+
+
+class _CtrlCOnFirstPrint:
+    """libbpf's echo: Ctrl-C sent to this process at the first line it prints."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def __call__(self, line: str) -> None:
+        if not self.sent:
+            self.sent.append(line)
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.parametrize("phase", ["open", "load"])
+def test_ctrl_c_while_libbpf_prints_still_ends_the_run(phase: str) -> None:
+    """A signal whose Python handler runs inside libbpf's print callback would raise
+    there, where ctypes swallows the exception, and the tool would run on: opening and
+    loading hold Ctrl-C back, and it interrupts once libbpf returns."""
+    from meridian.bpf import _libbpf
+
+    echo = _CtrlCOnFirstPrint()
+    obj = None
+    try:
+        if phase == "open":
+            _libbpf.set_echo(echo)
+            with pytest.raises(KeyboardInterrupt):
+                BpfObject(object_path("features"))
+        else:
+            obj = BpfObject(object_path("features"))
+            obj.select(["probe_tracepoint"])
+            _libbpf.set_echo(echo)
+            with pytest.raises(KeyboardInterrupt):
+                obj.load()
+        assert echo.sent, f"libbpf printed nothing during {phase}: the test proves nothing"
+    finally:
+        _libbpf.set_echo(None)
+        if obj is not None:
+            obj.close()
 
 
 def test_percpu_values_come_one_per_cpu() -> None:

@@ -4,6 +4,7 @@ zstd) replays as it was written, and a damaged one names its line."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 from pathlib import Path
 
@@ -90,3 +91,16 @@ def test_cut_off_zstd_recording_says_zstd_failed(tmp_path: Path) -> None:
     assert len(whole) == len(_events())
     first = next(iter(read_events(path)))  # a reader that stops early is no error
     assert first == _events()[0]
+
+
+def test_a_path_that_is_not_utf8_is_recorded_and_replayed(tmp_path: Path) -> None:
+    """File names are bytes: one that is not UTF-8 decodes with surrogate escapes,
+    which orjson refuses to write; the line is written by the standard encoder."""
+    odd = os.fsdecode(b"/tmp/caf\xe9")
+    events = [cat_opens(0, odd), end(1, "cat", 812, "openat", 3)]
+    path = tmp_path / "rec.jsonl"
+    with Recorder(path) as rec:
+        for e in events:
+            rec.write(e)
+        rec.write_many(events)
+    assert list(read_events(path)) == events + events

@@ -10,16 +10,24 @@ from typing import Any, TextIO
 
 __all__ = ["JsonWriter", "dumps", "fmt_bytes", "iso_now", "print_table"]
 
+
+def _std_dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
 try:
     import orjson
 
     def dumps(obj: Any) -> str:
-        return str(orjson.dumps(obj).decode())
+        try:
+            return str(orjson.dumps(obj).decode())
+        except orjson.JSONEncodeError:
+            # A path that is not UTF-8 arrives with surrogate escapes, which orjson
+            # refuses; the standard encoder writes them as \udcXX escapes.
+            return _std_dumps(obj)
 
 except ImportError:  # the json extra is optional
-
-    def dumps(obj: Any) -> str:
-        return json.dumps(obj, separators=(",", ":"))
+    dumps = _std_dumps
 
 
 class JsonWriter:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BpfError, ObjectMissing, PermissionProblem, VerifierError
+from ..signals import signals_held
 from ..system import kernel_btf_has
 from . import _libbpf as L
 from .btf import Btf
@@ -57,7 +58,8 @@ class Program:
 
     def attach(self) -> Link:
         """Attach as the section name says (tp_btf/..., tracepoint/..., kprobe/...)."""
-        link = L.lib().bpf_program__attach(self._handle)
+        with signals_held():  # libbpf may print (a Python callback) while attaching
+            link = L.lib().bpf_program__attach(self._handle)
         if not link:
             raise BpfError(f"attaching {self.name} ({self.section})", L.errno() or _errno.EINVAL)
         return self._obj._keep(Link(link, self.name))
@@ -65,10 +67,11 @@ class Program:
     def attach_perf_event(self, perf_fd: int, cookie: int | None = None) -> Link:
         """Attach to an open perf event; the link owns (and closes) the fd. A `cookie`
         is what the program reads with bpf_get_attach_cookie() (Linux >= 5.15)."""
-        if cookie is None:
-            link = L.lib().bpf_program__attach_perf_event(self._handle, perf_fd)
-        else:
-            link = L.attach_perf_event_cookie(self._handle, perf_fd, cookie)
+        with signals_held():
+            if cookie is None:
+                link = L.lib().bpf_program__attach_perf_event(self._handle, perf_fd)
+            else:
+                link = L.attach_perf_event_cookie(self._handle, perf_fd, cookie)
         if not link:
             raise BpfError(f"attaching {self.name} to a perf event", L.errno() or _errno.EINVAL)
         return self._obj._keep(Link(link, self.name))
@@ -92,7 +95,8 @@ class Program:
     def attach_xdp(self, ifindex: int) -> Link:
         """Attach an XDP program to an interface through a BPF link (Linux >= 5.9):
         destroying the link (or closing the object) detaches it."""
-        link = L.lib().bpf_program__attach_xdp(self._handle, ifindex)
+        with signals_held():
+            link = L.lib().bpf_program__attach_xdp(self._handle, ifindex)
         if not link:
             raise BpfError(
                 f"attaching {self.name} (XDP) to ifindex {ifindex}", L.errno() or _errno.EINVAL
@@ -110,7 +114,8 @@ class BpfObject:
         self._handle: int | None = None
         self._links: list[Link] = []
         self._loaded = False
-        handle = L.lib().bpf_object__open_file(str(self.path).encode(), None)
+        with signals_held():  # libbpf prints through a Python callback while opening
+            handle = L.lib().bpf_object__open_file(str(self.path).encode(), None)
         if not handle:
             raise BpfError(f"opening {self.path}", L.errno() or _errno.EINVAL)
         self._handle = handle
@@ -200,7 +205,8 @@ class BpfObject:
     def load(self) -> None:
         self.set_rodata(self.kernel_facts())
         L.log_lines.clear()
-        ret = L.lib().bpf_object__load(self._handle)
+        with signals_held():  # libbpf prints through a Python callback while loading
+            ret = L.lib().bpf_object__load(self._handle)
         if ret:
             err = L.neg_errno(ret)
             if err in (_errno.EPERM, _errno.EACCES) and not _has_bpf_privileges():

@@ -4,17 +4,16 @@ drain thread when recording. Ctrl-C ends a capture with everything drained shown
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
-import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TextIO
 
 from ...errors import MeridianError
+from ...signals import signals_held
 from .event import Syscall
 from .jsonl_spool import SpooledJsonRecorder
 from .kernel import Capture
@@ -24,17 +23,7 @@ from .plain_view import Pipeline, summary
 from .recording_file import Recorder
 from .view_backlog import BACKLOG_BYTES, VIEW_SLICE, Backlog
 
-__all__ = ["CaptureFeed", "capture", "capture_tui", "signals_held"]
-
-
-@contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait until the block ends (then interrupt as usual)."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+__all__ = ["CaptureFeed", "capture", "capture_tui"]
 
 
 def capture(opts: Options, out: TextIO, err: TextIO) -> int:

@@ -6,14 +6,12 @@ monitor); the names part 2 imports are here too."""
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import threading
-from collections.abc import Callable, Iterator
-from typing import Any, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from ....bpf.perf import online_cpus
 from ....errors import MeridianError
+from ....signals import signals_held
 from ..config.load import SentinelConfig, parse_groups
 from ..model.records import SampleSource
 from ..model.rollup import UNRESOLVED
@@ -112,30 +110,6 @@ def describe(src: SampleSource, lbr: str = "off") -> list[str]:
     return lines
 
 
-@contextlib.contextmanager
-def _signals_held(ignore: bool = False) -> Iterator[list[int]]:
-    """Ctrl-C and SIGTERM held back: recorded in the list yielded (or ignored). While
-    the kernel object loads, a KeyboardInterrupt raised inside a libbpf print callback
-    would be swallowed by ctypes and the run would go on; while stopping, a second
-    Ctrl-C must not leave programs attached or the summary half-printed."""
-    seen: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield seen
-        return
-
-    def hold(signum: int, frame: Any) -> None:
-        seen.append(signum)
-
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s in saved:
-        signal.signal(s, signal.SIG_IGN if ignore else hold)
-    try:
-        yield seen
-    finally:
-        for s, h in saved.items():
-            signal.signal(s, h)
-
-
 def run_cli(cfg: SentinelConfig, out: TextIO, err: TextIO) -> int:
     """`meridian sentinel` after the flags: the runtime with its services and views
     until --duration, Ctrl-C or SIGTERM; then the summary."""
@@ -149,10 +123,8 @@ def run_cli(cfg: SentinelConfig, out: TextIO, err: TextIO) -> int:
     services = Services(cfg, rt, log)
     failed: BaseException | None = None
     try:
-        with _signals_held() as held:
+        with signals_held():  # a KeyboardInterrupt inside a libbpf callback is lost
             services.start()
-        if held:
-            raise KeyboardInterrupt
         if cfg.run.verbose and rt.source is not None:
             for line in describe(rt.source, cfg.perf.lbr):
                 log(line)
@@ -170,7 +142,7 @@ def run_cli(cfg: SentinelConfig, out: TextIO, err: TextIO) -> int:
     except MeridianError as exc:
         failed = exc
     finally:
-        with _signals_held(ignore=True):
+        with signals_held(ignore=True):
             services.stop()
             if failed is None and rt.started_ns:
                 _summary(rt, cfg, out)
