@@ -50,6 +50,26 @@ def test_records_that_wrap_around_the_end_decode_whole(ring: tuple[FakeRing, Rin
         assert out["seq"].tolist() == list(range(seq - 100, seq))
 
 
+def test_only_the_first_copy_of_the_data_area_is_mapped(
+    ring: tuple[FakeRing, RingBuffer],
+) -> None:
+    """The kernel maps the data area twice in a row; the reader maps it once (the
+    second copy counted in its RSS again) and puts together what crosses the end:
+    here the second copy is garbage, and records across the end still decode."""
+    fake, reader = ring
+    assert len(reader._data) == fake.page + SIZE
+    seq = 0
+    alias = 2 * fake.page + SIZE
+    for _ in range(4):
+        for _ in range(SIZE // (8 + REC.itemsize) // 2 + 7):
+            fake.write(rec(seq))
+            seq += 1
+        fake.mem[alias : alias + SIZE] = b"\xff" * SIZE
+        out = reader.drain()
+        assert len(out) and out["seq"].tolist() == list(range(seq - len(out), seq))
+        assert out["value"].tolist() == [i * 10 for i in out["seq"].tolist()]
+
+
 def test_stops_at_a_busy_record_and_resumes_after_commit(ring: tuple[FakeRing, RingBuffer]) -> None:
     fake, reader = ring
     fake.write(rec(0))

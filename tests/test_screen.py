@@ -81,11 +81,11 @@ def test_sentinel_live_view_draws_each_window_but_the_final_one() -> None:
     view = LiveView(out, Names(), size=lambda: (60, 10))
     info = WindowInfo(seconds=1.0, mode="sentinel", source="mock")
     stats = [FlowStat(0, 0, 0, samples=3, norm_cost=1.0, functions={7: 1.0})]
-    window = Window(0, 0, 1, info, None, [], stats)
+    window = Window(0, 0, 1, info, None, stats)
     view.on_window(window)  # not started: nothing drawn
     view.start()
     view.on_window(window)
-    view.on_window(Window(1, 1, 2, info, None, [], stats, final=True))
+    view.on_window(Window(1, 1, 2, info, None, stats, final=True))
     view.close()
     view.close()
     text = out.getvalue()

@@ -97,6 +97,33 @@ def test_resolver_called_once_per_distinct_key() -> None:
     assert max(r.calls.values()) == 2
 
 
+class BatchResolver(CountingResolver):
+    """CountingResolver with `function_ids`: a batch's addresses in one call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches = 0
+
+    def function_ids(self, pids: Any, ips: Any) -> list[int]:
+        self.batches += 1
+        return [self.function_id(p, ip) for p, ip in zip(pids.tolist(), ips.tolist(), strict=True)]
+
+
+def test_a_batch_resolver_is_asked_once_per_batch_and_key() -> None:
+    """function_ids gets a batch's (pid, ip) not answered yet in the window, in one
+    call: the window's answers are looked up with numpy, the same ids as one by one."""
+    r = BatchResolver()
+    agg = Aggregator(SEC, r)
+    agg.add(batch(), 1.0)
+    agg.add(np.concatenate([batch()] * 3), 1.0)  # the same keys: no call
+    assert r.batches == 1 and max(r.calls.values()) == 1
+    want = Aggregator(SEC, CountingResolver())
+    want.add(np.concatenate([batch()] * 4), 1.0)
+    assert agg.flush() == want.flush()
+    agg.add(batch(), 1.0)  # a new window asks again
+    assert r.batches == 2 and max(r.calls.values()) == 2
+
+
 def test_time_buckets_and_wall_times() -> None:
     agg = Aggregator(250_000_000, CountingResolver())
     s = make_samples(8, flow_id=5, time_ns=np.arange(8) * 100_000_000)
@@ -158,11 +185,11 @@ def test_classify() -> None:
 
 def test_hash_collisions_fall_back_to_exact_grouping(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every row hashing alike (a zero multiplier) still groups exactly."""
-    from meridian.tools.sentinel.pipeline import aggregator
+    from meridian.tools.sentinel.model import groups
 
-    monkeypatch.setattr(aggregator, "_MIX", np.uint64(0))
+    monkeypatch.setattr(groups, "_MIX", np.uint64(0))
     test_samples_and_norm_cost_exact()
-    first, inv = aggregator._group(np.array([3, 1, 3, 2, 1]), np.array([0, 0, 0, 0, 1]))
+    first, inv = groups.group(np.array([3, 1, 3, 2, 1]), np.array([0, 0, 0, 0, 1]))
     assert first.tolist() == [1, 4, 3, 0]  # sorted rows (1,0) (1,1) (2,0) (3,0)
     assert inv.tolist() == [3, 0, 3, 2, 1]
 

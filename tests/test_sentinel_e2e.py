@@ -353,7 +353,6 @@ def test_runtime_observers_control_and_stop() -> None:
         assert all(0 < c <= 1 for b in rec.batches for c in b.norm_cost.tolist())
         w = rec.windows[-1]
         assert w.stats and w.info.mode == "sentinel" and not w.final
-        assert len(w.rows) == len(w.rollups)
         assert sum(1 for line in logged if "Broken failed" in line) == 1  # said once, dropped
 
         assert ctl.set_mode("diagnostic").label == "diagnostic"

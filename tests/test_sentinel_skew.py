@@ -138,3 +138,20 @@ def test_times_far_apart_use_the_search_per_cpu() -> None:
                 assert got[i] == same[0]
             else:
                 assert got[i] == len(c) or c[min(got[i], len(c) - 1)] != qc[i]
+
+
+def test_a_poll_pushed_in_parts_gets_the_answers_of_one_push() -> None:
+    """Three packets 1 ms apart on one CPU, a flow-0 sample 50 us before each: pushed
+    one sample at a time (the consumer's parts), each still finds its packet (pruning
+    after the first part would drop the second packet's context: flow 0)."""
+    ms = 1_000_000
+    contexts = ctx((0, T0 + ms, 7), (0, T0 + 2 * ms, 8), (0, T0 + 3 * ms, 9))
+    samples = np.concatenate([sample(0, T0 + k * ms - 50_000) for k in (1, 2, 3)])
+    whole = SkewAdjuster(W).push(samples.copy(), contexts, now_ns=None)
+    sk = SkewAdjuster(W)
+    parts = list(sk.push_parts(samples.copy(), contexts, None, size=1))
+    assert [len(rest) for _, rest in parts] == [2, 1, 0]
+    got = np.concatenate([ready for ready, _ in parts])
+    assert whole["flow_id"].tolist() == [7, 8, 9]
+    assert got["flow_id"].tolist() == [7, 8, 9]
+    assert sk.pending == 0

@@ -2,8 +2,11 @@
 in one numpy operation instead of one Python callback per record.
 
 Layout (kernel/bpf/ringbuf.c): page 0 holds consumer_pos (ours to write); from page 1
-on, producer_pos, then the data area mapped twice in a row, so any run of records is
-contiguous in memory. Each record starts with `struct bpf_ringbuf_hdr`:
+on, producer_pos, then the data area, which the kernel maps twice in a row (so that
+a run of records is contiguous). Only its first copy is mapped here: the kernel maps
+every page of the range at once, and the second copy counted in the reader's RSS
+again (a 64 MiB ring: 128 MiB). A run across the end is read in two pieces, and the
+one record across it put together. Each record starts with `struct bpf_ringbuf_hdr`:
 
     u32 len      bit 31 BUSY (reserved, not yet committed), bit 30 DISCARD
     u32 pg_off   kernel-internal
@@ -54,7 +57,7 @@ class RingBuffer:
         self.bad_records = 0  # records of another size: skipped and counted
         self._cons = mmap.mmap(fd, self.page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._data = mmap.mmap(
-            fd, self.page + 2 * self.size, mmap.MAP_SHARED, mmap.PROT_READ, offset=self.page
+            fd, self.page + self.size, mmap.MAP_SHARED, mmap.PROT_READ, offset=self.page
         )
         # One aligned 8-byte load or store each (see the module docstring).
         self._cons_pos = memoryview(self._cons)[:8].cast("Q")
@@ -124,20 +127,42 @@ class RingBuffer:
         if limit is not None and n >= limit:
             n, avail = limit, limit * self.stride  # what is past it: the next call's
         if n:
-            framed = np.frombuffer(self._data, dtype=self._framed, count=n, offset=start)
-            ok = framed["len"] == self.dtype.itemsize
-            if ok.all():
-                out: np.ndarray[Any, Any] = framed["rec"].copy()
-                self._advance(cons + n * self.stride)
-                if n * self.stride == avail:
-                    return out
-                return np.concatenate([out, self._walk(None if limit is None else limit - n)])
-            first_bad = int(np.argmin(ok))
-            head = framed["rec"][:first_bad].copy()
-            self._advance(cons + first_bad * self.stride)
-            rest = None if limit is None else limit - first_bad
-            return np.concatenate([head, self._walk(rest)]) if first_bad else self._walk(limit)
+            framed = self._framed_runs(start, n)
+            ok = np.concatenate([run["len"] for run in framed]) == self.dtype.itemsize
+            good = n if ok.all() else int(np.argmin(ok))  # records before the first bad
+            out: np.ndarray[Any, Any] = np.concatenate([run["rec"] for run in framed])[:good]
+            self._advance(cons + good * self.stride)
+            if good == n and n * self.stride == avail:
+                return out
+            rest = None if limit is None else limit - good
+            return np.concatenate([out, self._walk(rest)]) if good else self._walk(limit)
         return self._walk(limit)
+
+    def _framed_runs(self, start: int, n: int) -> list[np.ndarray[Any, Any]]:
+        """n framed records from `start` (an offset of the data area): views up to the
+        area's end and from its start again, and the record across the end (if one
+        is) put together from its two pieces."""
+        end = self.page + self.size
+        whole = min(n, (end - start) // self.stride)
+        runs = [np.frombuffer(self._data, dtype=self._framed, count=whole, offset=start)]
+        at, left = start + whole * self.stride, n - whole
+        if left and at < end:  # the record across the end
+            rest = self.stride - (end - at)
+            raw = self._data[at:end] + self._data[self.page : self.page + rest]
+            runs.append(np.frombuffer(raw, dtype=self._framed, count=1))
+            at, left = end + rest, left - 1
+        if left:
+            runs.append(
+                np.frombuffer(self._data, dtype=self._framed, count=left, offset=at - self.size)
+            )
+        return runs
+
+    def _bytes(self, start: int, length: int) -> bytes:
+        """`length` bytes of the data area from offset `start`, across its end."""
+        end = self.page + self.size
+        if start + length <= end:
+            return self._data[start : start + length]
+        return self._data[start:end] + self._data[self.page : self.page + start + length - end]
 
     def _walk(self, limit: int | None = None) -> np.ndarray[Any, Any]:
         """Record by record: stops at a busy record (or `limit` records), skips
@@ -153,7 +178,7 @@ class RingBuffer:
             length = hdr & ~(BUSY | DISCARD)
             if not hdr & DISCARD:
                 if length == self.dtype.itemsize:
-                    recs.append(self._data[off + HDR_SIZE : off + HDR_SIZE + length])
+                    recs.append(self._bytes(off + HDR_SIZE, length))
                 else:
                     self.bad_records += 1
             cons += (HDR_SIZE + length + 7) & ~7
@@ -166,8 +191,7 @@ class RingBuffer:
         (each an 8-byte header `len`, `pg_off`, then the data padded to 8 bytes;
         discarded ones included, flagged in `len`), copied out in one piece, and the
         number of records. Stops at the first busy record. Only the headers are read
-        one by one; the data is copied once (the data area is mapped twice in a row,
-        so the run is contiguous even where it wraps)."""
+        one by one; the data is copied once (in two pieces where it wraps)."""
         if self.closed:
             return b"", 0
         cons = self._consumer()
@@ -186,7 +210,7 @@ class RingBuffer:
         if pos == cons:
             return b"", 0
         start = page + (cons & mask)
-        out = self._data[start : start + pos - cons]
+        out = self._bytes(start, pos - cons)
         self._advance(pos)
         return out, n
 

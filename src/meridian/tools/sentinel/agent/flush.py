@@ -12,7 +12,6 @@ import numpy as np
 
 from ..model.records import IDLE
 from ..model.rollup import UNRESOLVED
-from ..model.rollup import rollups as to_rollups
 from ..model.services import ServiceTotals
 from ..model.window import Totals, Window, WindowInfo, flow_stats
 from ..outputs.metrics import MetricsSnapshot, SentinelMetrics, flow_rows
@@ -70,9 +69,8 @@ class Flusher:
         state = self.state
         seconds = max((now - self._last_flush) / 1e9, 1e-9)
         self._last_flush = now
-        rows = self.aggregator.flush_array()
+        rows = self.aggregator.flush_array()  # summed column-wise below: no object a row
         self._count_labelled(rows)
-        rollups = to_rollups(rows)
         delivered = state.delivered - self._last_delivered
         self._last_delivered += delivered
         dropped = dict(state.dropped)
@@ -106,19 +104,17 @@ class Flusher:
                 pmu_scales=scales,
                 throttled=info.throttled,
                 window_s=seconds,
-                flows=flow_rows(rollups, self.names),
+                flows=flow_rows(rows, self.names),
                 dropped=dropped,
                 tsc_slope=self.calibrator.slopes(),
                 tsc_offset_ns=self.calibrator.offsets(),
                 anomaly=state.anomaly,
             )
         )
-        stats = flow_stats(rollups)
+        stats = flow_stats(rows)
         self.totals.add(stats)
         self.services.add(stats)
-        window = Window(
-            self._index, now - round(seconds * 1e9), now, info, rows, rollups, stats, final
-        )
+        window = Window(self._index, now - round(seconds * 1e9), now, info, rows, stats, final)
         self._index += 1
         state.observers.window(window)
 

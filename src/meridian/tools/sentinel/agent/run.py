@@ -76,8 +76,8 @@ RING_S = 3.0  # the sample ring holds this long of samples at the offered rate
 # A sample in the ring: struct ms_sample (80 bytes) and the ring's 8-byte header (88),
 # rounded up: with 88, the ring at 100,000 samples/s was 32 MiB, not 64, and a starved
 # consumer (a host whose CPUs are all busy) overflowed it once in three runs
-# (benchmarks/RESULTS.md, 2026-11-26). The ring is mapped twice in a row (a record may
-# wrap), so /proc counts it twice in the agent's RSS; the memory is used once.
+# (benchmarks/RESULTS.md, 2026-11-26). The reader maps the ring once (bpf/ringbuf.py):
+# it counts once in the agent's RSS.
 RECORD_BYTES = 128
 RING_MIN, RING_MAX = 1 << 22, 1 << 26
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -15,6 +16,7 @@ __all__ = [
     "ROLLUP_DTYPE",
     "UNRESOLVED",
     "Rollup",
+    "as_rows",
     "is_provisional",
     "rollups",
 ]
@@ -91,4 +93,16 @@ def rollups(rows: Array) -> list[Rollup]:
         r = new(Rollup)
         r.__dict__.update(zip(_ROLLUP_FIELDS, vals, strict=True))
         out.append(r)
+    return out
+
+
+def as_rows(rows: Array | Iterable[Rollup]) -> Array:
+    """Rollups as ROLLUP_DTYPE rows (an array as it is): what the flush's sums take,
+    column-wise, and what callers with Rollup objects hand them."""
+    if isinstance(rows, np.ndarray):
+        return rows
+    objs = list(rows)
+    out = np.zeros(len(objs), dtype=ROLLUP_DTYPE)
+    for name in _ROLLUP_FIELDS:
+        out[name] = [getattr(r, name) for r in objs]
     return out

@@ -42,15 +42,18 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+import numpy as np
+
 from ....export.prometheus import PrometheusServer, families
 from ....export.series import Attrs, Family, HistPoint, Point
+from ..model.groups import in_order
+from ..model.rollup import Rollup, as_rows
 from ..model.services import server_side
 from ..pipeline.anomaly import AnomalyGauges
 
 if TYPE_CHECKING:
     from ..config.load import SentinelConfig
     from ..model.flows import FlowKey
-    from ..model.rollup import Rollup
 
 __all__ = [
     "BRANCH_EVENTS",
@@ -159,21 +162,24 @@ def _event_names() -> Callable[[int], str]:
 
 
 def flow_rows(
-    rollups: Iterable[Rollup],
+    rollups: np.ndarray[Any, Any] | Iterable[Rollup],
     names: FlowLookup | None = None,
     event_name: Callable[[int], str] | None = None,
 ) -> list[FlowRow]:
-    """Aggregator rollups summed per (flow, direction, event), with the 5-tuple and
-    the service where `names` knows it."""
+    """Aggregator rollups (ROLLUP_DTYPE rows, or Rollup objects) summed per (flow,
+    direction, event), column-wise, in the order the cells first occur, with the
+    5-tuple and the service where `names` knows it."""
     label = event_name or _event_names()
     service_of = getattr(names, "service", None)
-    sums: dict[tuple[int, int, int], list[float]] = {}
-    for r in rollups:
-        cell = sums.setdefault((int(r.flow_id), int(r.direction), int(r.event)), [0, 0.0])
-        cell[0] += int(r.samples)
-        cell[1] += float(r.norm_cost)
+    rows = as_rows(rollups)
+    first, cell = in_order(rows["flow_id"], rows["direction"], rows["event"])
+    samples = np.zeros(len(first), dtype=np.uint64)
+    np.add.at(samples, cell, rows["samples"].astype(np.uint64))
+    cost = np.bincount(cell, weights=rows["norm_cost"].astype(np.float64), minlength=len(first))
+    keys = zip(*(rows[k][first].tolist() for k in ("flow_id", "direction", "event")), strict=True)
     out = []
-    for (flow_id, direction, event), (samples, cost) in sums.items():
+    sums = zip(keys, samples.tolist(), cost.tolist(), strict=True)
+    for (flow_id, direction, event), n, c in sums:
         key = names.get(flow_id) if names is not None and flow_id else None
         where: dict[str, Any] = {}
         if key is not None:
@@ -188,7 +194,7 @@ def flow_rows(
             if svc is not None:
                 where.update(service_addr=svc.addr, service_port=svc.port)
         d = DIRECTIONS[direction] if 0 <= direction < len(DIRECTIONS) else str(direction)
-        out.append(FlowRow(flow_id, label(event), d, int(samples), cost, **where))
+        out.append(FlowRow(flow_id, label(event), d, n, c, **where))
     return out
 
 

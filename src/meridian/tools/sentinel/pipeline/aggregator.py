@@ -5,15 +5,16 @@ a sample on a GSO super-packet of 40 segments costs a fortieth per segment; the 
 is the sample's event's, pipeline/scales.py).
 
 All in numpy: rows are grouped by sorting a 64-bit hash of each row (then checked
-column by column, exact) and summed with `np.bincount`; the resolver (symbolizer,
-stack map) is called once per distinct (pid, ip), (pid, stacks) and (pid, data
-address) of a flush window, never per sample: a call stack is asked with ip 0, and
-with the sampled ip only when it has no stack ids or its frames are gone (id 0). Its
-ids are integers in [0, 2**64). New call stacks are asked at most `stacks_per_window`
-times a window, the hottest first (a stack each costs the resolver tens of
-microseconds, and code without frame pointers gives almost every sample its own);
-the rest are keyed SKIPPED_STACK, their samples and cost exact (its label says why:
-resolver.py).
+column by column, exact: model/groups.py) and summed with `np.bincount`; the resolver
+(symbolizer, stack map) is asked once per distinct (pid, ip), (pid, stacks) and (pid,
+data address) of a flush window, never per sample (a resolver with `function_ids`
+is given those of a batch in one call; the window's answers are looked up with
+numpy, not a dict lookup a row): a call stack is asked with ip 0, and with the
+sampled ip only when it has no stack ids or its frames are gone (id 0). Its ids are
+integers in [0, 2**64). New call stacks are asked at most `stacks_per_window` times
+a window, the hottest first (a stack each costs the resolver tens of microseconds,
+and code without frame pointers gives almost every sample its own); the rest are
+keyed SKIPPED_STACK, their samples and cost exact (its label says why: resolver.py).
 
 Idle is no flow's cost: a sample whose instruction is in the kernel's idle code (the
 resolver's `idle_function_ids()`, kallsyms.py says which) is keyed to no flow (0)
@@ -30,6 +31,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..model.groups import group, in_order, row_hash
 from ..model.interference import classify
 from ..model.records import IDLE, take
 from ..model.rollup import KEY_DTYPE, ROLLUP_DTYPE, Rollup, rollups
@@ -53,7 +55,7 @@ class Resolver(Protocol):
 
     def function_id(self, pid: int, ip: int) -> int:
         """(A resolver may also have `function_ids(pids, ips) -> list[int]`, the same
-        for lists, used instead when it has.)"""
+        for arrays of (pid, ip), used instead when it has: one call per batch.)"""
         ...
 
     def callstack_id(self, pid: int, user_stack_id: int, kernel_stack_id: int, ip: int) -> int: ...
@@ -66,96 +68,84 @@ class Resolver(Protocol):
     # kernel's idle code (its samples are charged to no flow)
 
 
-_MIX = np.uint64(0x100000001B3)
-_SEED = np.uint64(0xCBF29CE484222325)
+class _Answers:
+    """The resolver's answers of one window, by key row: a batch's rows are looked up
+    with one searchsorted over the rows' hashes (model/groups.row_hash), each found
+    row checked column by column; only rows not seen in the window are asked."""
 
+    def __init__(self) -> None:
+        self._hashes = np.zeros(0, dtype=np.uint64)  # sorted
+        self._keys: list[Array] = []  # the key columns (uint64), in the hashes' order
+        self._ids = np.zeros(0, dtype=np.uint64)
 
-def _group(*cols: Array) -> tuple[Array, Array]:
-    """Rows of the columns -> (index of each distinct row's first occurrence, inverse:
-    the distinct row of each input row). Rows are hashed to one uint64 and sorted
-    once (3x faster than np.unique over packed rows); the groups are then checked
-    column by column, and on a hash collision it falls back to an exact lexsort."""
-    n = len(cols[0])
-    u = [np.asarray(c).astype(np.uint64, copy=False) for c in cols]
-    h = np.full(n, _SEED, dtype=np.uint64)
-    for c in u:
-        h ^= c
-        h *= _MIX
-        h ^= h >> np.uint64(29)
-    order = np.argsort(h)
-    hs = h[order]
-    flag = np.empty(n, dtype=bool)
-    flag[:1] = True
-    flag[1:] = hs[1:] != hs[:-1]
-    group = np.cumsum(flag) - 1
-    heads = np.flatnonzero(flag)
-    for c in u:
-        cs = c[order]
-        if (cs != cs[heads][group]).any():
-            return _group_exact(u)
-    inverse = np.empty(n, dtype=np.int64)
-    inverse[order] = group
-    return np.minimum.reduceat(order, heads), inverse
+    def find(self, keys: list[Array]) -> tuple[Array, Array]:
+        """(the id of each row, 0 where not found; which rows were found)."""
+        n = len(keys[0])
+        if not len(self._hashes):
+            return np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=bool)
+        hashes = row_hash(*keys)
+        at = np.minimum(np.searchsorted(self._hashes, hashes), len(self._hashes) - 1)
+        found = self._hashes[at] == hashes
+        for mine, col in zip(self._keys, keys, strict=True):
+            found &= mine[at] == col
+        return np.where(found, self._ids[at], np.uint64(0)), found
 
-
-def _group_exact(cols: list[Array]) -> tuple[Array, Array]:
-    n = len(cols[0])
-    order = np.lexsort(cols[::-1])  # stable: the first of a group is its earliest row
-    flag = np.zeros(n, dtype=bool)
-    flag[:1] = True
-    for c in cols:
-        cs = c[order]
-        flag[1:] |= cs[1:] != cs[:-1]
-    inverse = np.empty(n, dtype=np.int64)
-    inverse[order] = np.cumsum(flag) - 1
-    return order[flag], inverse
+    def add(self, keys: list[Array], ids: Array) -> None:
+        if not len(ids):
+            return
+        hashes = np.concatenate([self._hashes, row_hash(*keys)])
+        order = np.argsort(hashes, kind="stable")
+        self._hashes = hashes[order]
+        if not self._keys:
+            self._keys = [np.zeros(0, dtype=np.uint64) for _ in keys]
+        self._keys = [np.concatenate([m, k])[order] for m, k in zip(self._keys, keys, strict=True)]
+        self._ids = np.concatenate([self._ids, ids.astype(np.uint64)])[order]
 
 
 def _resolve(
-    cache: dict[tuple[int, ...], int],
+    cache: _Answers,
     call: Callable[..., int],
     cols: list[Array],
     first: Array,
-    many: Callable[..., list[int]] | None = None,
     budget: int | None = None,
     weight: Array | None = None,
+    many: Callable[..., Any] | None = None,
 ) -> tuple[Array, int]:
     """The resolver's id of each distinct row (`first` indexes them), from the
-    window's cache, else one call each (or one call of `many` for them all), and the
-    number of calls made. With a `budget`, at most that many rows are asked (those
-    of highest `weight` first); the others are SKIPPED_STACK for the rest of the
-    window."""
+    window's answers, else one call each (one call of `many` for them all, with the
+    columns), and the number of rows asked. With a `budget`, at most that many rows
+    are asked (those of highest `weight` first); the others are SKIPPED_STACK for the
+    rest of the window."""
     if budget is not None and weight is not None and len(first) > STACK_CANDIDATES:
-        # Thousands of distinct rows (a stack per sample): even a cache lookup per
-        # row costs; only the hottest are looked at, the rest are skipped.
+        # Thousands of distinct rows (a stack per sample): only the hottest are looked
+        # at, the rest are skipped.
         top = np.argpartition(-weight, STACK_CANDIDATES)[:STACK_CANDIDATES]
         out = np.full(len(first), SKIPPED_STACK, dtype=np.uint64)
-        out[top], asked = _resolve(cache, call, cols, first[top], many, budget, weight[top])
+        out[top], asked = _resolve(cache, call, cols, first[top], budget, weight[top], many)
         return out, asked
-    rows = list(zip(*(c[first].tolist() for c in cols), strict=True))
-    get = cache.get
-    ids = [get(row) for row in rows]
-    missing = [i for i, got in enumerate(ids) if got is None]
+    keys = [c[first].astype(np.uint64) for c in cols]
+    ids, found = cache.find(keys)
+    missing = np.flatnonzero(~found)
     if budget is not None and len(missing) > budget:
-        miss = np.array(missing, dtype=np.int64)
         if weight is not None:
-            miss = miss[np.argsort(-weight[miss], kind="stable")]
-        for i in miss[budget:].tolist():
-            ids[i] = cache[rows[i]] = SKIPPED_STACK
-        missing = sorted(miss[:budget].tolist())
-    if missing and many is not None:
-        got = many(*([rows[i][j] for i in missing] for j in range(len(cols))))
-        for i, ident in zip(missing, got, strict=True):
-            ids[i] = cache[rows[i]] = ident
+            missing = missing[np.argsort(-weight[missing], kind="stable")]
+        ids[missing[budget:]] = SKIPPED_STACK
+        missing = np.sort(missing[:budget])
+    if many is not None:
+        if len(missing):
+            got = many(*(c[first][missing] for c in cols))
+            ids[missing] = np.asarray(got, dtype=np.uint64)
     else:
-        for i in missing:
-            ids[i] = cache[rows[i]] = call(*rows[i])
-    return np.array(ids, dtype=np.uint64), len(missing)
+        rows = zip(*(c[first][missing].tolist() for c in cols), strict=True)
+        ids[missing] = np.array([call(*row) for row in rows], dtype=np.uint64)
+    new = np.flatnonzero(~found)
+    cache.add([k[new] for k in keys], ids[new])
+    return ids, len(missing)
 
 
 def _reduce(keys: Array, samples: Array, cost: Array, pid: Array) -> Array:
     """One row per distinct key: samples and cost summed, the first row's pid."""
-    first, inv = _group(*(keys[name] for name in KEY_DTYPE.names or ()))
+    first, inv = group(*(keys[name] for name in KEY_DTYPE.names or ()))
     out = np.empty(len(first), dtype=ROLLUP_DTYPE)
     for name in KEY_DTYPE.names or ():
         out[name] = keys[name][first]
@@ -184,9 +174,7 @@ class Aggregator:
         self.resolver = resolver
         self._parts: list[Array] = []
         # resolver answers of this window: a key resolved once per window, not per batch
-        self._functions: dict[tuple[int, ...], int] = {}
-        self._stacks: dict[tuple[int, ...], int] = {}
-        self._objects: dict[tuple[int, ...], int] = {}
+        self._functions, self._stacks, self._objects = _Answers(), _Answers(), _Answers()
         self.stacks_per_window = stacks_per_window
         self._stack_budget = stacks_per_window
         self._lock = threading.Lock()
@@ -207,11 +195,7 @@ class Aggregator:
         # a tenth as many distinct rows as samples (a hot loop, a stack), and each
         # step below is then paid per row, not per sample.
         raw = [samples[name] for name in RAW_KEY]
-        first, inv = _group(*raw, bucket)
-        order = np.argsort(first)  # the rows in the order of their first sample
-        rank = np.empty_like(order)
-        rank[order] = np.arange(len(order))
-        first, inv = first[order], rank[inv]
+        first, inv = in_order(*raw, bucket)  # the rows in the order of their first sample
         rows = take(samples, first)
         weight = np.bincount(inv, minlength=len(first)).astype(np.float64)
         part = self._rows(rows, bucket[first], weight, np.bincount(inv, weights=cost))
@@ -227,15 +211,15 @@ class Aggregator:
         ustack = rows["user_stack_id"].astype(np.int64)
         kstack = rows["kernel_stack_id"].astype(np.int64)
 
-        first, inv = _group(pid, ip)
-        many = getattr(r, "function_ids", None)  # optional: a list of them in one call
-        fids = _resolve(self._functions, r.function_id, [pid, ip], first, many)[0][inv]
+        first, inv = group(pid, ip)
+        many = getattr(r, "function_ids", None)  # optional: all of them in one call
+        fids = _resolve(self._functions, r.function_id, [pid, ip], first, many=many)[0][inv]
         # A sample with a stack is keyed by its stack ids alone (the ip counts only
         # without one: asking per distinct ip would be asking per sample); a stack
         # whose frames are gone (0) is then asked again with the sampled ip.
         stacked = (ustack >= 0) | (kstack >= 0)
         cols = [pid, ustack, kstack, np.where(stacked, np.uint64(0), ip)]
-        first, inv = _group(*cols)
+        first, inv = group(*cols)
         weight = np.bincount(inv, weights=samples, minlength=len(first))
         got, asked = _resolve(
             self._stacks, r.callstack_id, cols, first, budget=self._stack_budget, weight=weight
@@ -246,14 +230,14 @@ class Aggregator:
         gone = np.flatnonzero((sids == 0) & stacked & (ip != 0))
         if len(gone):
             cols = [pid[gone], ustack[gone], kstack[gone], ip[gone]]
-            first, inv = _group(*cols)
+            first, inv = group(*cols)
             sids[gone] = _resolve(self._stacks, r.callstack_id, cols, first)[0][inv]
         addr = rows["data_addr"]
         dids = np.zeros(len(rows), dtype=np.uint64)
         has = np.flatnonzero(addr != 0)
         if len(has):
             cols = [pid[has], addr[has]]
-            first, inv = _group(*cols)
+            first, inv = group(*cols)
             dids[has] = _resolve(self._objects, r.data_object_id, cols, first)[0][inv]
 
         keys = np.empty(len(rows), dtype=KEY_DTYPE)
@@ -285,7 +269,7 @@ class Aggregator:
         window begins. Ordered by time bucket, then cost, highest first."""
         with self._lock:
             parts, self._parts = self._parts, []
-            self._functions, self._stacks, self._objects = {}, {}, {}
+            self._functions, self._stacks, self._objects = _Answers(), _Answers(), _Answers()
             self._stack_budget = self.stacks_per_window
         if not parts:
             return np.empty(0, dtype=ROLLUP_DTYPE)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ..model.flows import FlowKey, FlowNames
 from ..model.rollup import UNRESOLVED
@@ -64,7 +66,9 @@ class SymbolResolver:
     def function_id(self, pid: int, ip: int) -> int:
         return self.function_ids([pid], [ip])[0]
 
-    def function_ids(self, pids: Sequence[int], ips: Sequence[int]) -> list[int]:
+    def function_ids(
+        self, pids: Sequence[int] | np.ndarray[Any, Any], ips: Sequence[int] | np.ndarray[Any, Any]
+    ) -> list[int]:
         return self.symbolizer.function_ids(pids, ips, cheap=True, unresolved=UNRESOLVED)
 
     def _stack_id(self, pid: int, ips: Sequence[int]) -> int:

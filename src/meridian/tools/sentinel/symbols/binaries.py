@@ -80,6 +80,11 @@ class Binaries:
                     break
         return table
 
+    def loaded(self, m: Mapping) -> ElfSymbols | None:
+        """of_mapping() where it needs no read: the table of a mapping whose file is
+        known and read (None: not known, none, or to read again)."""
+        return self._tables.get(m.binary) if m.resolved and m.binary is not None else None
+
     def of_jit(self, pid: int, region: JitRegion) -> ElfSymbols:
         """The symbol table of a JIT region registered with an ELF image's path (one
         that is not ok names no function: the region is then named by its path).

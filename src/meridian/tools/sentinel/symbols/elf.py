@@ -5,7 +5,8 @@ mapped file into `function+offset`, and into `file:line` from its DWARF line tab
 pyelftools (the `sentinel` extra) reads the headers and sections; the symbol table
 itself is decoded with numpy in one pass, because a Python object per symbol made
 loading libpython or libLLVM cost seconds. Names are decoded only when a lookup
-returns them.
+returns them. `vaddrs` and `find` answer `vaddr` and `lookup` for a whole array at
+once (the symbolizer resolves a batch's addresses in a binary with them).
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import numpy as np
 from ....errors import ExtraMissing
 from .dwarflines import LineTable, decode_lines
 
-__all__ = ["ElfSymbols", "Segment", "debug_file", "require"]
+__all__ = ["NOT_SIGNED", "ElfSymbols", "Segment", "debug_file", "require"]
 
 STT_FUNC = 2
 STT_GNU_IFUNC = 10
 # Among aliases at one address the name shown: global before weak before local.
 BIND_RANK = {1: 0, 2: 1, 0: 2}
 PAGE = 4096
+# vaddrs(): an offset whose address int64 would not hold exactly
+NOT_SIGNED = -2
 # A symbol of size 0 (assembly labels) covers up to the next symbol, at most this.
 UNSIZED_SPAN = 4096
 # DWARF line tables larger than this (uncompressed) are not decoded. What bounds it is
@@ -222,13 +225,70 @@ class ElfSymbols:
             return 0
         return min(s.vaddr - (s.offset & (PAGE - 1)) for s in self.segments) & ~(PAGE - 1)
 
+    def vaddrs(self, file_offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """vaddr() of many file offsets (uint64) at once, as int64: -1 where no symbol
+        can hold the address (vaddr() says None, or a negative address), NOT_SIGNED
+        where int64 would not be exact (past 2**62: ask vaddr() itself). Segments are
+        tried in vaddr()'s order: the first that holds an offset wins."""
+        off = np.asarray(file_offsets, dtype=np.uint64)
+        out = np.full(len(off), -1, dtype=np.int64)
+        if any(max(s.offset, s.vaddr) + s.filesz >= 1 << 62 for s in self.segments):
+            out[:] = NOT_SIGNED
+            return out
+        small = off < np.uint64(1 << 62)
+        signed = np.where(small, off, 0).astype(np.int64)
+        if len(off) and small.all():
+            one = self._segment_of(int(signed.min()), int(signed.max()))
+            if one is not None:  # the usual case (a mapping is one segment): one step
+                out = signed - one.offset + one.vaddr
+                out[out < 0] = -1
+                return out
+        todo = small.copy()
+        for mid_page in (False, True):
+            for s in self.segments:
+                lo = s.offset & ~(PAGE - 1) if mid_page else s.offset
+                hi = s.offset + (s.filesz if mid_page else max(s.filesz, 1))
+                hit = todo & (signed >= lo) & (signed < hi)
+                out[hit] = signed[hit] - s.offset + s.vaddr
+                todo &= ~hit
+        out[out < 0] = -1
+        out[~small] = NOT_SIGNED
+        return out
+
+    def _segment_of(self, lo: int, hi: int) -> Segment | None:
+        """The segment vaddr() takes for every offset in [lo, hi], if it is one: the
+        first to hold lo holds hi too, and no segment before it holds any of them."""
+        for s in self.segments:
+            if s.offset <= hi and lo < s.offset + max(s.filesz, 1):
+                return s if s.offset <= lo and hi < s.offset + max(s.filesz, 1) else None
+        return None
+
     def lookup(self, vaddr: int) -> tuple[str, int] | None:
         """(function name, vaddr - its start), or None outside every function."""
         i = bisect_right(self._starts, vaddr) - 1
         if i < 0 or vaddr >= self._ends[i]:
             return None
-        raw = self._strtab[self._name_at[i] : self._name_end[i]]
-        return raw.decode("utf-8", "replace"), vaddr - self._starts[i]
+        return self.name(i), vaddr - self._starts[i]
+
+    def find(self, vaddrs: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """lookup() of many addresses (int64 >= 0, as vaddrs() gives them; below 0
+        none) at once: the index of each one's function (for `name`), -1 where
+        lookup() says None."""
+        vaddrs = np.asarray(vaddrs, dtype=np.int64)
+        out = np.full(len(vaddrs), -1, dtype=np.int64)
+        if not len(self._starts):
+            return out
+        ok = vaddrs >= 0
+        at = vaddrs[ok].astype(np.uint64)
+        starts = np.frombuffer(self._starts, dtype=np.uint64)
+        ends = np.frombuffer(self._ends, dtype=np.uint64)
+        i = np.searchsorted(starts, at, side="right").astype(np.int64) - 1
+        out[ok] = np.where((i >= 0) & (at < ends[np.maximum(i, 0)]), i, -1)
+        return out
+
+    def name(self, i: int) -> str:
+        """The name of function index i (of find)."""
+        return self._strtab[self._name_at[i] : self._name_end[i]].decode("utf-8", "replace")
 
     @property
     def lines_pending(self) -> bool:

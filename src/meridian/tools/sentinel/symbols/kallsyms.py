@@ -7,6 +7,10 @@ the file's text, found by offsets, rather than as 100,000+ Python strings: the t
 costs the file's size (5 MiB) plus 24 bytes a symbol. Reading it takes about 50 ms
 (120,000 symbols, Linux 6.18).
 
+`find(addrs)` answers lookup() for a whole array of addresses at once (one
+searchsorted over the sorted starts): the symbolizer resolves a batch's kernel
+addresses with it, and asks `symbol(i)` only once per symbol.
+
 `idle(addr)`: the address is the CPU idling, not working. The kernel's own set is its
 `.cpuidle.text` section (`__cpuidle` functions, between `__cpuidle_text_start` and
 `__cpuidle_text_end`: default_idle, arch_cpu_idle, mwait_idle, intel_idle*,
@@ -104,9 +108,11 @@ class KernelSymbols:
         self.path = Path(path)
         self.loaded = False
         self.hidden = False  # the file exists but shows no addresses
+        self.generation = 0  # tables parsed so far: what is derived from one is stale after
         self._addrs: array[int] = array("Q")
         self._name_at: array[int] = array("Q")
         self._name_end: array[int] = array("Q")
+        self._spans: np.ndarray[Any, Any] | None = None  # for find(): made on first use
         self._blob = b""
         self._idle_text = (0, 0)  # [__cpuidle_text_start, __cpuidle_text_end)
 
@@ -134,7 +140,9 @@ class KernelSymbols:
         a Python loop over 120,000 lines cost 40 MiB of peak memory. The text itself
         is kept as the name store, which is smaller than the strings would be."""
         self.loaded = True
+        self.generation += 1
         self._addrs, self._name_at, self._name_end = array("Q"), array("Q"), array("Q")
+        self._spans = None
         self._blob = data
         width = data.find(b" ")
         self.hidden = False
@@ -187,9 +195,30 @@ class KernelSymbols:
         end = self._addrs[i + 1] if i + 1 < len(self._addrs) else start + LAST_SPAN
         if addr >= end:
             return None
+        name, module = self.symbol(i)
+        return name, addr - start, module
+
+    def find(self, addrs: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """lookup() of many addresses (uint64) at once: the index of each one's symbol
+        (for `symbol`), -1 where lookup() says None."""
+        self._ensure()
+        addrs = np.asarray(addrs, dtype=np.uint64)
+        if not len(self._addrs):
+            return np.full(len(addrs), -1, dtype=np.int64)
+        starts = np.frombuffer(self._addrs, dtype=np.uint64)
+        if self._spans is None:  # each symbol up to the next, as lookup() bounds it
+            self._spans = np.append(np.diff(starts), np.uint64(LAST_SPAN))
+        i = np.searchsorted(starts, addrs, side="right").astype(np.int64) - 1
+        at = np.maximum(i, 0)
+        # addr - start cannot wrap (addr >= start where i >= 0), addr + span could
+        inside = (i >= 0) & (addrs - starts[at] < self._spans[at])
+        return np.where(inside, i, -1)
+
+    def symbol(self, i: int) -> tuple[str, str]:
+        """(function, module or "") of symbol index i (of find)."""
         raw = self._blob[self._name_at[i] : self._name_end[i]]
         name, _, module = raw.decode("utf-8", "replace").partition("\t")
-        return name.strip(), addr - start, module.strip().strip("[]")
+        return name.strip(), module.strip().strip("[]")
 
     def idle(self, addr: int) -> bool:
         """The address is in the kernel's idle code (see the module's doc)."""
@@ -198,3 +227,11 @@ class KernelSymbols:
             return True
         hit = self.lookup(addr)
         return hit is not None and is_idle_function(hit[0])
+
+    def idle_text(self, addrs: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Which of `addrs` (uint64) lie in the .cpuidle.text section: idle() of many
+        addresses is this or is_idle_function of their symbol's name."""
+        lo, hi = self._idle_text
+        addrs = np.asarray(addrs, dtype=np.uint64)
+        inside: np.ndarray[Any, Any] = (addrs >= np.uint64(lo)) & (addrs < np.uint64(hi))
+        return inside

@@ -17,6 +17,10 @@ In cheap mode (`_cheap` set, under the lock) whatever would need a slow read (a
 binary's symbols or line table, kallsyms, a perf map) raises `Costly` instead; with
 `_lines_later` set, a line table to decode does too (the Symbolizer's warm() decodes
 it outside the lock, as it can take seconds).
+
+`_user_binaries` is `_frame`'s vector form, for function ids: where many addresses
+of a process lie (the binary, and the address in its symbol table), as far as that
+needs no read; what it leaves is asked of `_frame` address by address.
 """
 
 from __future__ import annotations
@@ -26,16 +30,24 @@ import time
 from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from ..model.frames import JIT, KERNEL, UNKNOWN, Frame
 from .binaries import Binaries
-from .elf import ElfSymbols
+from .elf import NOT_SIGNED, ElfSymbols
 from .kallsyms import KernelSymbols, is_kernel
 from .perfmap import JitRegion, JitRegions
 from .procview import Process, ProcessViews
 from .symcache import Lru
 
-__all__ = ["USER_END", "AddressLookup", "Costly"]
+__all__ = ["USER_END", "AddressLookup", "Costly", "Located"]
+
+Array = np.ndarray[Any, Any]
+# Addresses of one binary (_user_binaries): their positions in the batch, the binary,
+# and its symbol table with the addresses in it (int64); no table: "[unknown]" in it.
+Located = tuple[Array, str, tuple[ElfSymbols, Array] | None]
 
 # Above the highest user address any 64-bit Linux hands out (x86-64 with 5-level
 # paging: 2^56; arm64: 2^52) and below the kernel's half: not an address at all.
@@ -203,6 +215,39 @@ class AddressLookup:
         if table is None or vaddr is None:
             return proc, Frame(m.path, UNKNOWN, "", 0, ip, file_offset)
         return proc, self._binaries.frame(m.path, table, ip, vaddr, lines)
+
+    def _user_binaries(self, pid: int, ips: Array) -> list[Located]:
+        """_user_frame's answers (for a function id: no lines) of many user addresses
+        of pid (uint64) that need no read: per mapping, the addresses in its file's
+        symbol table, or "[unknown]" in the mapping (its file has no table or holds no
+        code there; memory with no perf map, or none with a region). Left to _frame: a
+        pid with JIT regions, an address in no mapping, a file or a perf map to read."""
+        if self._jit.get(pid) is not None:
+            return []
+        proc = self._views.get(pid)
+        where = proc.find_all(ips)
+        order = np.argsort(where, kind="stable")
+        sorted_where = where[order]
+        cuts = np.flatnonzero(sorted_where[1:] != sorted_where[:-1]) + 1
+        now = self.clock()
+        out: list[Located] = []
+        for at in np.split(order, cuts):
+            i = int(where[at[0]])
+            if i < 0:
+                continue
+            m = proc.mappings[i]
+            if not m.file_backed:
+                perf_map = self.perf_map_dir / f"perf-{pid}.map"
+                if not proc.no_perf_map(perf_map, self.max_jit_regions, now, self.recheck_s):
+                    continue  # a perf map to read, or to look in
+                out.append((at, m.path or "[anon]", None))
+            elif m.resolved and m.binary is None:
+                out.append((at, m.path, None))  # no file opens: no table
+            elif (table := self._binaries.loaded(m)) is not None:
+                vaddrs = table.vaddrs(ips[at] - np.uint64(m.start) + np.uint64(m.pgoff))
+                exact = vaddrs != NOT_SIGNED
+                out.append((at[exact], m.path, (table, vaddrs[exact])))
+        return out
 
     def _jit_frame(self, pid: int, ip: int, region: JitRegion, lines: bool = True) -> Frame:
         """A registered region's frame: from the ELF image at its path, else the

@@ -13,6 +13,9 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from ....proc import proc_stat
 from .perfmap import JitRegion, PerfMapFile
@@ -76,6 +79,10 @@ class Process:
     perf_map: PerfMapFile | None = None
     perf_checked: float = 0.0
     starts: list[int] = field(default_factory=list)
+    # find_all's: the starts and ends as arrays, made on its first call
+    _bounds: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         self.starts = [m.start for m in self.mappings]
@@ -92,11 +99,39 @@ class Process:
             self.perf_map.refresh()
         return self.perf_map.lookup(ip)
 
+    def no_perf_map(self, path: Path, max_regions: int, now: float, recheck_s: float) -> bool:
+        """No JIT region to look in: the perf map read within `recheck_s` holds none, or
+        there is no file at `path` and none was read (noted as checked now: a stat,
+        not a read)."""
+        if self.perf_map is not None and now - self.perf_checked < recheck_s:
+            return not len(self.perf_map.regions)
+        if (self.perf_map is not None and len(self.perf_map.regions)) or path.exists():
+            return False
+        if self.perf_map is None:
+            self.perf_map = PerfMapFile(path, max_regions)
+        self.perf_checked = now
+        return True
+
     def find(self, ip: int) -> Mapping | None:
         i = bisect_right(self.starts, ip) - 1
         if i >= 0 and ip < self.mappings[i].end:
             return self.mappings[i]
         return None
+
+    def find_all(self, ips: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """find() of many addresses (uint64) at once: the index of each one's mapping
+        in `mappings`, -1 where find() says None."""
+        if self._bounds is None:
+            self._bounds = (
+                np.array(self.starts, dtype=np.uint64),
+                np.array([m.end for m in self.mappings], dtype=np.uint64),
+            )
+        starts, ends = self._bounds
+        ips = np.asarray(ips, dtype=np.uint64)
+        if not len(starts):
+            return np.full(len(ips), -1, dtype=np.int64)
+        i = np.searchsorted(starts, ips, side="right").astype(np.int64) - 1
+        return np.where((i >= 0) & (ips < ends[np.maximum(i, 0)]), i, -1)
 
 
 @dataclass(eq=False)

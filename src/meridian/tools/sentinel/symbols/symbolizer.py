@@ -5,6 +5,9 @@ Frames come from lookup.py (kallsyms, registered JIT regions, the processes' map
 and ELF symbols, perf maps; "[unknown]" rather than an exception). Ids are interned
 per (binary, function) and per frames, in bounded interners (symcache.py), with the
 answers for (pid, ip) and (pid, ips) cached per state. `forget(pid)` drops a process.
+`function_ids` answers what the loaded tables hold for a whole batch at once (kallsyms
+and the mapped files' ELF symbols, with numpy: batchids.py), and only the rest
+address by address.
 
 Cheap mode (`function_ids`/`stack_id` with cheap=True) answers only from what is
 loaded: the agent's consumer must keep up. What needs a slow read gets a provisional
@@ -26,17 +29,23 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from itertools import islice
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from ..model.dataobjects import DataObject, DataObjects
 from ..model.frames import UNKNOWN, Frame
 from ..model.rollup import is_provisional
 from . import elf
+from .batchids import SymbolIds
 from .kallsyms import KERNEL_START, is_kernel
 from .lookup import AddressLookup, Costly
 from .provisional import Provisional
 from .symcache import Interner, Lru
 
 __all__ = ["DataObject", "Frame", "Symbolizer"]
+
+Array = np.ndarray[Any, Any]
 
 
 class Symbolizer(AddressLookup):
@@ -93,12 +102,8 @@ class Symbolizer(AddressLookup):
         self._function_ids: dict[tuple[int, tuple[int, ...]], dict[int, int]] = {}
         self._function_ids_kept = 0
         self._max_function_ids = max_frames
-        # (the file's stat key, offset in it) -> function id, for every process that
-        # maps the file: a process's view read again (its mappings change whenever it
-        # maps memory: the agent's own numpy arrays) starts its table above afresh, and
-        # this answers its addresses in shared libraries without their symbols again.
-        self._file_function_ids: dict[tuple[tuple[int, int, int, int], int], int] = {}
-        self._file_ids_evicted = 0  # the function interner's evictions they were made under
+        # ids per symbol of the loaded tables: a batch's addresses at once
+        self._symbol_ids = SymbolIds(self._functions)
         self._stack_ids: Lru[tuple[int, tuple[int, ...], tuple[int, ...]], int] = Lru(
             max(1, max_frames // 8)
         )
@@ -139,42 +144,20 @@ class Symbolizer(AddressLookup):
             found = self._function_table(owner).get(ip)
             if found is not None:
                 return found
-            at = self._file_offset(pid, ip) if owner != -1 else None
-            found = self._file_function_ids.get(at) if at is not None else None
-            if found is not None:
-                self._keep_function(owner, ip, found)
-                return found
             f, kept = self._frame(pid, ip, lines=False)
             ident = self._functions.intern((f.binary, f.function))[0]
             if owner == -1 and ident not in self._idle and self._kernel.idle(ip):
                 self._idle = self._idle | {ident}
             if kept:  # under the state after the answer (a view read again, say)
                 self._keep_function(owner, ip, ident)
-                at = self._file_offset(pid, ip) if owner != -1 else None
-                if at is not None:
-                    self._file_function_ids[at] = ident
             return ident
 
     def _keep_function(self, owner: int, ip: int, ident: int) -> None:
         if self._function_ids_kept >= self._max_function_ids:
             self._function_ids.clear()
-            self._file_function_ids.clear()
             self._function_ids_kept = 0
         self._function_table(owner)[ip] = ident
         self._function_ids_kept += 1
-
-    def _file_offset(self, pid: int, ip: int) -> tuple[tuple[int, int, int, int], int] | None:
-        """(the stat key of the file mapped at ip, ip's offset in it), where the file
-        was opened already and no JIT region of pid overrides it; else None."""
-        if self._file_ids_evicted != self._functions.evicted:  # ids may have moved
-            self._file_function_ids.clear()
-            self._file_ids_evicted = self._functions.evicted
-        if self._jit.get(pid) is not None:
-            return None
-        m = self._views.get(pid).find(ip)
-        if m is None or m.binary is None:
-            return None
-        return m.binary, ip - m.start + m.pgoff
 
     def _function_table(self, owner: int) -> dict[int, int]:
         key = (owner, self._state(owner))
@@ -184,35 +167,71 @@ class Symbolizer(AddressLookup):
         return table
 
     def function_ids(
-        self, pids: Sequence[int], ips: Sequence[int], cheap: bool = False, unresolved: int = 0
+        self,
+        pids: Sequence[int] | Array,
+        ips: Sequence[int] | Array,
+        cheap: bool = False,
+        unresolved: int = 0,
     ) -> list[int]:
-        """function_id of each (pid, ip), under one lock and one check of each process.
+        """function_id of each (pid, ip), under one lock and one check of each process:
+        what the loaded tables answer at once (`_batch`), the rest address by address.
         `cheap`: an address whose answer needs a slow read (a binary's symbols, say)
         is answered with a provisional id (the same until warm() resolves it; past
         `max_provisional` waiting, `unresolved`) and left for warm()."""
-        out: list[int] = []
+        pid_col = np.asarray(pids, dtype=np.int64)
+        ip_col = np.asarray(ips, dtype=np.uint64)
         with self._lock:
-            tables: dict[int, dict[int, int]] = {}
-            for pid, ip in zip(pids, ips, strict=True):
-                owner = -1 if ip >= KERNEL_START else pid
-                table = tables.get(owner)
-                if table is None:
-                    table = tables[owner] = self._function_table(owner)
-                found = table.get(ip)
-                if found is None and cheap and (pid, ip) in self._misses:
-                    self.cheap_misses += 1  # still waiting for warm()
-                    out.append(self._provisional(int(pid), int(ip), unresolved))
+            out = self._batch(pid_col, ip_col)
+            rest = np.flatnonzero(out == 0)
+            if len(rest):
+                got = self._each(pid_col[rest].tolist(), ip_col[rest].tolist(), cheap, unresolved)
+                out[rest] = np.array(got, dtype=np.uint64)
+        ids: list[int] = out.tolist()
+        return ids
+
+    def _batch(self, pids: Array, ips: Array) -> Array:
+        """The function id of each address the loaded tables answer, 0 for the rest:
+        kallsyms', and the symbols of the files mapped by each process. Under the lock."""
+        out, ids = np.zeros(len(ips), dtype=np.uint64), self._symbol_ids
+        kernel = ips >= np.uint64(KERNEL_START)
+        at = np.flatnonzero(kernel)
+        if len(at) and self._kernel.loaded:
+            out[at] = ids.kernel(self._kernel, ips[at])
+            if not ids.idle <= self._idle:
+                self._idle = self._idle | ids.idle
+        at = np.flatnonzero(~kernel)
+        order = at[np.argsort(pids[at], kind="stable")]  # one process after the other
+        for one in np.split(order, np.flatnonzero(np.diff(pids[order])) + 1):
+            found = self._user_binaries(int(pids[one[0]]), ips[one]) if len(one) else []
+            for where, binary, table in found:
+                out[one[where]] = ids.unknown(binary) if table is None else ids.elf(binary, *table)
+        return out
+
+    def _each(self, pids: list[int], ips: list[int], cheap: bool, unresolved: int) -> list[int]:
+        """function_ids address by address (with the kept answers per state). Under
+        the lock."""
+        out: list[int] = []
+        tables: dict[int, dict[int, int]] = {}
+        for pid, ip in zip(pids, ips, strict=True):
+            owner = -1 if ip >= KERNEL_START else pid
+            table = tables.get(owner)
+            if table is None:
+                table = tables[owner] = self._function_table(owner)
+            found = table.get(ip)
+            if found is None and cheap and (pid, ip) in self._misses:
+                self.cheap_misses += 1  # still waiting for warm()
+                out.append(self._provisional(pid, ip, unresolved))
+                continue
+            if found is None and cheap:
+                found = self._cheap_function((pid, ip))
+                if found is None:  # nothing read: the table stands
+                    out.append(self._provisional(pid, ip, unresolved))
                     continue
-                if found is None and cheap:
-                    found = self._cheap_function((int(pid), int(ip)))
-                    if found is None:  # nothing read: the table stands
-                        out.append(self._provisional(int(pid), int(ip), unresolved))
-                        continue
-                    tables.pop(owner, None)
-                elif found is None:
-                    found = self.function_id(pid, ip)
-                    tables.pop(owner, None)  # the view may have been read again
-                out.append(found)
+                tables.pop(owner, None)
+            elif found is None:
+                found = self.function_id(pid, ip)
+                tables.pop(owner, None)  # the view may have been read again
+            out.append(found)
         return out
 
     def _cheap_function(self, key: tuple[int, int], count: bool = True) -> int | None:
@@ -254,13 +273,12 @@ class Symbolizer(AddressLookup):
                     break
                 key, _ = self._misses.popitem(last=False)
                 lines = self._read(key)
+                self._settle_read(key)  # a function id needs no lines: resolved now
                 if lines is None:
-                    self._settle_read(key)
                     continue
             lines.decode_lines()  # outside the lock: the consumer goes on meanwhile
             with self._lock:
                 self._frame(*key)
-                self._settle_read(key)
         else:  # the budget is spent: the rest waits for the next call
             return self.waiting()
         self._settle(end)
