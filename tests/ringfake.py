@@ -44,6 +44,11 @@ class FakeRing:
     def publish(self) -> None:
         struct.pack_into("<Q", self.mem, self.page, self.prod)
 
+    def set_pending(self, pos: int) -> None:
+        """The kernel's pending_pos (after producer_pos): every record before it is
+        committed, as the kernel saw when it last reserved one."""
+        struct.pack_into("<Q", self.mem, self.page + 8, pos)
+
     def write(self, payload: bytes, flags: int = 0, fast: bool = False) -> int:
         """Append one record (header + payload, padded to 8); returns its position."""
         pos = self.prod

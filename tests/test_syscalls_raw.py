@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ringfake import DISCARD, FakeRing
+from ringfake import BUSY, DISCARD, FakeRing
 
-from meridian.bpf.ringbuf import RingBuffer
+from meridian.bpf import ringbuf
+from meridian.bpf.ringbuf import RingBuffer, count_records
 from meridian.errors import MeridianError, UsageError
 from meridian.tools.syscalls.jsonl_spool import SpooledJsonRecorder
 from meridian.tools.syscalls.options import Options
@@ -145,6 +146,40 @@ def test_ring_drain_bytes_copies_committed_records_in_one_piece() -> None:
         ring.close()
 
 
+def test_drain_bytes_trusts_the_kernels_pending_mark_and_reads_headers_past_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before the kernel's pending_pos every record is committed: no header is read
+    there (a header made to look busy behind the mark is taken, as the kernel vouched
+    for it); past the mark headers are read up to the first busy record. A mark out of
+    the consumer..producer range (a kernel without the field: 0) is not used."""
+    monkeypatch.setattr(ringbuf, "kernel_btf_has", lambda name: name == "pending_pos")
+    ring = FakeRing(1 << 12)
+    rb = RingBuffer(ring.fd, ring.size, DTYPE)
+    try:
+        at = [ring.write(r) for r in trace()]
+        ring.set_flags(at[1], len(trace()[1]), BUSY)  # behind the mark: not read
+        ring.set_flags(at[4], len(trace()[4]), BUSY)  # past it: the walk stops here
+        ring.set_pending(at[3])
+        chunk, n = rb.drain_bytes()
+        assert n == 4 and ring.consumer() == at[4]
+        assert rb.drain_bytes() == (b"", 0)  # the mark is behind the consumer: ignored
+        ring.set_flags(at[4], len(trace()[4]), 0)
+        chunk, n = rb.drain_bytes()
+        assert n == 2 and [r.index for r in decode_frames(frames(chunk), DTYPE, 0)] == [4, 5]
+        busy = ring.write(trace()[0], flags=BUSY)
+        ring.set_pending(ring.prod + 8)  # past the producer: not a mark
+        assert rb.drain_bytes() == (b"", 0) and ring.consumer() == busy
+    finally:
+        rb.close()
+        ring.close()
+
+
+def test_count_records_follows_the_lengths() -> None:
+    buf = b"".join(frame(r) for r in trace()) + frame(b"x" * 112, DISCARD)
+    assert count_records(buf) == 7 and count_records(b"") == 0
+
+
 def test_dtype_round_trips_through_the_header() -> None:
     import json
 
@@ -198,10 +233,10 @@ def test_interrupted_json_writing_keeps_the_raw_spool(
     rec = SpooledJsonRecorder(path, None, DTYPE)
     rec.write_raw(b"".join(frame(r) for r in trace()), 6)
 
-    def interrupted(self: Recorder, events: Any) -> None:
+    def interrupted(self: Recorder, lines: bytes, events: int) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Recorder, "write_many", interrupted)
+    monkeypatch.setattr(Recorder, "write_lines", interrupted)
     finish = rf"finish with: meridian syscalls -r {rec.spool} -w {path}$"
     with pytest.raises(MeridianError, match=rf"^interrupted .* kept in {rec.spool}; {finish}"):
         rec.close()

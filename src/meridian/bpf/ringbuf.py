@@ -33,13 +33,28 @@ from typing import Any
 
 import numpy as np
 
+from ..system import kernel_btf_has
 from .maps import Map
 
-__all__ = ["RingBuffer"]
+__all__ = ["RingBuffer", "count_records"]
 
 BUSY = 1 << 31
 DISCARD = 1 << 30
 HDR_SIZE = 8
+
+
+def count_records(framed: bytes | memoryview) -> int:
+    """How many records a run of committed framed records holds (their headers
+    walked: the lengths chain them)."""
+    if len(framed) % 8:
+        raise ValueError("framed records are 8-aligned")
+    words = memoryview(framed).cast("B").cast("I")
+    end, at, n = len(words), 0, 0
+    length = ~(BUSY | DISCARD)
+    while at < end:  # in 32-bit words: (header + data + padding to 8 bytes) / 4
+        at += ((words[at] & length) + HDR_SIZE + 7) >> 3 << 1
+        n += 1
+    return n
 
 
 class RingBuffer:
@@ -59,6 +74,11 @@ class RingBuffer:
         # One aligned 8-byte load or store each (see the module docstring).
         self._cons_pos = memoryview(self._cons)[:8].cast("Q")
         self._prod_pos = memoryview(self._data)[:8].cast("Q")
+        # The kernel's pending_pos follows producer_pos (struct bpf_ringbuf), where the
+        # kernel has it (its BTF names the member).
+        self._pend_pos = (
+            memoryview(self._data)[8:16].cast("Q") if kernel_btf_has("pending_pos") else None
+        )
         self._words = memoryview(self._data).cast("I")
         self._framed = np.dtype(
             {
@@ -165,30 +185,49 @@ class RingBuffer:
         """For variable-size records: every committed record as the ring holds them
         (each an 8-byte header `len`, `pg_off`, then the data padded to 8 bytes;
         discarded ones included, flagged in `len`), copied out in one piece, and the
-        number of records. Stops at the first busy record. Only the headers are read
-        one by one; the data is copied once (the data area is mapped twice in a row,
-        so the run is contiguous even where it wraps)."""
+        number of records. Stops at the first busy record. The data is copied once (the
+        data area is mapped twice in a row, so the run is contiguous even where it
+        wraps). Before the kernel's pending mark (`_pending`) every record is committed:
+        those headers are only counted, in the copy; past it each is read for its busy
+        bit."""
         if self.closed:
             return b"", 0
         cons = self._consumer()
         prod = self._producer()
         if prod - cons > self.size:  # cannot happen: the kernel never overruns us
             prod = cons + self.size
-        # Headers read as u32 words (the hot loop at a million records a second).
+        mark = self._pending()
+        if not cons <= mark <= prod or mark & 7:
+            mark = cons  # no mark (or not one): every header is read here
+        end, n = self._walk_committed(mark, prod)
+        if end == cons:
+            return b"", 0
+        start = self.page + (cons & self.mask)
+        out = self._data[start : start + end - cons]
+        self._advance(end)
+        if mark > cons:
+            n += count_records(memoryview(out)[: mark - cons])
+        return out, n
+
+    def _pending(self) -> int:
+        """The kernel's `pending_pos`: the oldest record not committed, as it last
+        looked when reserving one (kernels with the 6.10 reservation fix, and stable
+        kernels it went back to); 0 where the field does not exist."""
+        return int(self._pend_pos[0]) if self._pend_pos is not None else 0
+
+    def _walk_committed(self, pos: int, prod: int) -> tuple[int, int]:
+        """From `pos` (a record's header), where the run of committed records ends
+        (the first busy record, or `prod`) and how many it holds: the hot loop at a
+        million records a second where the kernel has no pending mark."""
         words, page, mask, length = self._words, self.page, self.mask, ~(BUSY | DISCARD)
-        pos, n = cons, 0
+        n = 0
         while pos < prod:
             hdr = words[(page + (pos & mask)) >> 2]
             if hdr & BUSY:
                 break
             pos += ((hdr & length) + HDR_SIZE + 7) & ~7
             n += 1
-        if pos == cons:
-            return b"", 0
-        start = page + (cons & mask)
-        out = self._data[start : start + pos - cons]
-        self._advance(pos)
-        return out, n
+        return pos, n
 
     def _advance(self, pos: int) -> None:
         self._cons_pos[0] = pos
@@ -208,6 +247,8 @@ class RingBuffer:
         os.close(self._wake)
         self._cons_pos.release()
         self._prod_pos.release()
+        if self._pend_pos is not None:
+            self._pend_pos.release()
         self._words.release()
         self._cons.close()
         self._data.close()

@@ -22,7 +22,7 @@ from .launcher import Launcher
 from .options import Options
 from .plain_view import Pipeline, summary
 from .recording_file import Recorder
-from .view_backlog import BACKLOG_BYTES, VIEW_SLICE, Backlog
+from .view_backlog import BACKLOG_BYTES, VIEW_SLICE, Backlog, ViewBudget
 
 __all__ = ["CaptureFeed", "capture", "capture_tui", "signals_held"]
 
@@ -56,8 +56,9 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
 class _PlainCapture:
     """A live capture for the plain views. With -w the ring is drained into the
     recording and a backlog the view works through a slice of time at a time, so a
-    slow view never makes the kernel drop what the recording needs; without it each
-    drained chunk is decoded and shown at once."""
+    slow view never makes the kernel drop what the recording needs, and within its
+    budget (ViewBudget), so a view behind takes a share of a CPU, not all of one;
+    without -w each drained chunk is decoded and shown at once."""
 
     def __init__(self, opts: Options, cap: Capture, pipeline: Pipeline) -> None:
         self.opts = opts
@@ -66,6 +67,7 @@ class _PlainCapture:
         self.launcher: Launcher | None = None
         self.recorder: Recorder | None = None
         self.backlog: Backlog | None = None
+        self.budget = ViewBudget()
 
     def start(self, err: TextIO) -> None:
         """Open the recording, start the command (held until the kernel traces it)."""
@@ -94,16 +96,25 @@ class _PlainCapture:
         if self.backlog is not None:
             self.backlog.push(chunk, n)
 
-    def show(self, seconds: float | None) -> None:
-        """Let the view work through the backlog for a while (None: all of it)."""
+    def show(self, seconds: float | None) -> float:
+        """Let the view work through the backlog for a while (None: all of it);
+        returns the time it took."""
         if self.backlog is None:
-            return
-        until = None if seconds is None else time.monotonic() + seconds
+            return 0.0
+        start = time.monotonic()
+        until = None if seconds is None else start + seconds
         while self.backlog and (until is None or time.monotonic() < until):
             for sc in self.backlog.take(self.cap, 256):
                 self.pipeline.add(sc)
             self.pipeline.flush()
             self.pipeline.trim()
+        return time.monotonic() - start
+
+    def pause(self) -> float:
+        """How long the drain may wait for the ring: its timer when the view has
+        nothing to show, else until the view has time again (the kernel's wake-up at
+        the ring's mark ends any wait)."""
+        return self.budget.wait() if self.backlog else 0.05
 
     def traced_gone(self) -> bool:
         """The command exited, or every process asked for did (as strace -p)."""
@@ -125,8 +136,10 @@ class _PlainCapture:
                     gc.freeze()
                     freeze = time.monotonic() + 0.25
                 done = self.traced_gone()
-                self.take(0 if done or self.backlog else 0.05)
-                self.show(VIEW_SLICE)
+                self.take(0 if done else self.pause())
+                allowed = self.budget.left()
+                if allowed > 0:
+                    self.budget.spend(self.show(allowed))
                 self.pipeline.flush()
                 self.pipeline.trim()
                 if done or (end is not None and time.monotonic() >= end):

@@ -5,6 +5,7 @@ and a start without an end stays an open row until its end arrives."""
 from __future__ import annotations
 
 import bisect
+import functools
 
 from .event import Syscall
 from .full_log import Log, Rows
@@ -34,10 +35,20 @@ def _with_outputs(
     args: tuple[str, ...], end: tuple[str, ...], kinds: tuple[str, ...]
 ) -> tuple[str, ...]:
     """The start's arguments with its outputs (pipe2's fds) as the end read them."""
-    return tuple(
-        e if i < len(kinds) and kinds[i] in OUT_KINDS else a
-        for i, (a, e) in enumerate(zip(args, end, strict=True))
-    )
+    slots = _output_slots(kinds)
+    if not slots:
+        return args
+    out = list(args)
+    for i in slots:
+        if i < len(out):
+            out[i] = end[i]
+    return tuple(out)
+
+
+@functools.cache
+def _output_slots(kinds: tuple[str, ...]) -> tuple[int, ...]:
+    """Which arguments of a signature are outputs (most calls: none)."""
+    return tuple(i for i, kind in enumerate(kinds) if kind in OUT_KINDS)
 
 
 class CompactLog(Rows):

@@ -4,6 +4,7 @@ text of each field as displayed; filter spans are offsets into exactly that text
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +26,15 @@ __all__ = [
 def fmt_time(ns: int) -> str:
     """HH:MM:SS.uuuuuu in local time."""
     sec, rem = divmod(ns, 1_000_000_000)
-    return time.strftime("%H:%M:%S", time.localtime(sec)) + f".{rem // 1000:06d}"
+    return f"{_clock_text(sec, time.tzname)}.{rem // 1000:06d}"
+
+
+@functools.lru_cache(maxsize=256)
+def _clock_text(sec: int, zone: tuple[str, str]) -> str:
+    """HH:MM:SS of a second since the epoch in local time (`zone`: the time zone it
+    was made in, so a tzset() is not answered from before): once per second shown, not
+    once per row."""
+    return time.strftime("%H:%M:%S", time.localtime(sec))
 
 
 def fmt_duration(ns: int) -> str:

@@ -1,19 +1,58 @@
 """Raw records drained from the ring but not shown yet, when recording: the view takes
-them a slice at a time, so a slow view never holds up the drain."""
+them a slice at a time, so a slow view never holds up the drain, and at most a share
+of the time (`ViewBudget`), so a view that cannot keep up does not take the CPU the
+traced programs need (it skips what it has no time for; the recording has it)."""
 
 from __future__ import annotations
 
 import collections
+import time
+from collections.abc import Callable
 from typing import Any
 
 from .event import Syscall
 from .kernel import Capture
-from .ring_records import decode_frames, frames
+from .ring_records import decode_frames, frames, rows_by_content
 
-__all__ = ["BACKLOG_BYTES", "VIEW_SLICE", "Backlog"]
+__all__ = ["BACKLOG_BYTES", "VIEW_SHARE", "VIEW_SLICE", "Backlog", "ViewBudget"]
 
 VIEW_SLICE = 0.02  # seconds the view may take between two drains (raw recording)
+VIEW_SHARE = 0.25  # of the wall time, at most, for a plain view behind the capture
 BACKLOG_BYTES = 16 << 20  # raw records waiting for the view, at most
+
+
+class ViewBudget:
+    """The time a view may spend on its backlog: it earns `share` of the wall time
+    that passes, up to one `slice`, and spends what it uses. A view that keeps up
+    never runs out; one that cannot (a flat-out traced loop makes a million events a
+    second, a plain view shows tens of thousands) then takes `share` of a CPU instead
+    of all of one, which on a small machine is the traced program's."""
+
+    def __init__(
+        self,
+        share: float = VIEW_SHARE,
+        slice_s: float = VIEW_SLICE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.share = share
+        self.slice = slice_s
+        self.clock = clock
+        self._left = slice_s
+        self._at = clock()
+
+    def left(self) -> float:
+        """Seconds the view may spend now (0 when it has used what it earned)."""
+        now = self.clock()
+        self._left = min(self.slice, self._left + (now - self._at) * self.share)
+        self._at = now
+        return max(0.0, self._left)
+
+    def spend(self, seconds: float) -> None:
+        self._left -= seconds
+
+    def wait(self) -> float:
+        """Seconds until the view has time again (0: it has some now)."""
+        return -self._left / self.share if self._left < 0 else 0.0
 
 
 class Backlog:
@@ -29,6 +68,7 @@ class Backlog:
         self._chunks: collections.deque[list[Any]] = collections.deque()
         self.bytes = 0
         self.skipped = 0
+        self._rows = rows_by_content()  # a traced loop's few calls, decoded once
 
     def __bool__(self) -> bool:
         return bool(self._chunks)
@@ -51,4 +91,4 @@ class Backlog:
         if len(fr) < n or fr.used >= len(c[0]):
             self._chunks.popleft()
             self.bytes -= len(c[0])
-        return decode_frames(fr, cap.dtype, cap.offset_ns)
+        return decode_frames(fr, cap.dtype, cap.offset_ns, contents=self._rows)
