@@ -91,10 +91,10 @@ def test_a_kept_spool_is_finished_by_r_and_w(
     rec = SpooledJsonRecorder(tmp_path / "r.jsonl", ARGS, DTYPE, 5)
     rec.write_raw(buf, len(recs))
 
-    def interrupted(self: Recorder, events: object) -> None:
+    def interrupted(self: Recorder, lines: bytes, events: int) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Recorder, "write_many", interrupted)
+    monkeypatch.setattr(Recorder, "write_lines", interrupted)
     with pytest.raises(MeridianError) as exc:
         rec.close()
     monkeypatch.undo()

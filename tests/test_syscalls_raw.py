@@ -198,10 +198,10 @@ def test_interrupted_json_writing_keeps_the_raw_spool(
     rec = SpooledJsonRecorder(path, None, DTYPE)
     rec.write_raw(b"".join(frame(r) for r in trace()), 6)
 
-    def interrupted(self: Recorder, events: Any) -> None:
+    def interrupted(self: Recorder, lines: bytes, events: int) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Recorder, "write_many", interrupted)
+    monkeypatch.setattr(Recorder, "write_lines", interrupted)
     finish = rf"finish with: meridian syscalls -r {rec.spool} -w {path}$"
     with pytest.raises(MeridianError, match=rf"^interrupted .* kept in {rec.spool}; {finish}"):
         rec.close()

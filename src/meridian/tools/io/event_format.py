@@ -8,9 +8,9 @@ core writes well over a million lines a second:
 - an event's identity (pid, tid, comm, op, fd, file) is formatted once per distinct
   identity in the chunk (`np.unique` over a 64-bit mix of the fields, then checked field
   by field, so a collision cannot mislabel an event);
-- each number column is printed in one call (orjson from the numpy array, or `str`
-  without the json extra); a column holding one value in the whole chunk is folded into
-  the constant text around it;
+- each number column is printed in one call (`json_columns`: orjson from the numpy
+  array, or `str` without the json extra); a column holding one value in the whole
+  chunk is folded into the constant text around it;
 - `wall_time` is fixed-width text built in numpy (strftime once per distinct second);
 - a line is a template of pieces: constant pieces are laid out by list multiplication,
   per-event pieces dropped in by slice assignment, and one `str.join` makes the chunk.
@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ... import proc
+from ...json_columns import Piece, join_lines, numbers
 from .model import OPS
 from .names import NameCache
 
@@ -61,49 +62,16 @@ _M1, _M2, _M3, _M4 = (
 try:
     import orjson
 
-    _NUMPY = orjson.OPT_SERIALIZE_NUMPY
-
     def _json_str(s: str) -> str:
         return str(orjson.dumps(s).decode())
-
-    def _print_numbers(col: np.ndarray[Any, Any]) -> list[str]:
-        text: bytes = orjson.dumps(np.ascontiguousarray(col), option=_NUMPY)
-        return text[1:-1].decode().split(",")
 
 except ImportError:  # the json extra is optional: the same output, slower
 
     def _json_str(s: str) -> str:
         return json.dumps(s)
 
-    def _print_numbers(col: np.ndarray[Any, Any]) -> list[str]:
-        return list(map(str, col.tolist()))
 
-
-Piece = str | list[str]  # constant text, or one string per event
 _CACHED = np.array([',"cached":false', ',"cached":true'], dtype=object)
-
-
-def _numbers(col: np.ndarray[Any, Any]) -> Piece:
-    lo, hi = col.min(), col.max()
-    return str(int(lo)) if lo == hi else _print_numbers(col)
-
-
-def _join(pieces: list[Piece], n: int) -> str:
-    """Lines of `n` events from pieces in order; adjacent constants are merged."""
-    merged: list[Piece] = []
-    for p in pieces:
-        if isinstance(p, str) and merged and isinstance(merged[-1], str):
-            merged[-1] += p
-        else:
-            merged.append(p)
-    k = len(merged)
-    if k == 1:
-        return str(merged[0]) * n
-    out: list[str] = [p if isinstance(p, str) else "" for p in merged] * n
-    for i, p in enumerate(merged):
-        if not isinstance(p, str):
-            out[i::k] = p
-    return "".join(out)
 
 
 class EventFormatter:
@@ -268,17 +236,17 @@ class EventFormatter:
             c = ev[start : start + CHUNK]
             pieces: list[Piece] = [self.identities(c)]
             for field, name in NUMBERS:
-                pieces += [f',"{name}":', _numbers(c[field])]
+                pieces += [f',"{name}":', numbers(c[field])]
             cached = c["cached"] != 0
             if cached.all() or not cached.any():
                 pieces.append(f',"cached":{"true" if cached[0] else "false"}')
             else:
                 pieces.append(_CACHED[cached.view(np.uint8)].tolist())
             for field, name in (*AFTER_CACHED, *extra):
-                pieces += [f',"{name}":', _numbers(c[field])]
-            pieces += [',"timestamp_ns":', _numbers(c["ts_ns"]), ',"wall_time":"']
+                pieces += [f',"{name}":', numbers(c[field])]
+            pieces += [',"timestamp_ns":', numbers(c["ts_ns"]), ',"wall_time":"']
             pieces += [self.wall_text(c["ts_ns"]), 'Z"}\n']
-            yield _join(pieces, len(c))
+            yield join_lines(pieces, len(c))
 
     def json_lines(self, ev: np.ndarray[Any, Any]) -> str:
         return "".join(self.json_chunks(ev))

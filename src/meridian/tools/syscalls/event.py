@@ -41,9 +41,10 @@ class Syscall:
     hay: str | None = field(default=None, compare=False, repr=False)
 
     def copy(self) -> Syscall:
-        """A shallow copy (faster than dataclasses.replace on the hot path)."""
+        """A shallow copy (faster than dataclasses.replace on the hot path, and a copied
+        __dict__ twice as fast as an updated one)."""
         new = object.__new__(Syscall)
-        new.__dict__.update(self.__dict__)
+        new.__dict__ = self.__dict__.copy()
         return new
 
     @property

@@ -23,21 +23,31 @@ import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple, TypeVar
 
 import numpy as np
 
 from ...errors import UsageError
 from ...output import dumps, iso_now
 from .event import Syscall
-from .ring_records import decode_frames, dtype_from_json, dtype_to_json, frames
+from .ring_records import (
+    Frames,
+    decode_frames,
+    dtype_from_json,
+    dtype_to_json,
+    frames,
+    rows_by_content,
+)
 
 __all__ = [
     "FORMAT",
     "RAW_VERSION",
     "VERSION",
+    "RawBlock",
     "Recorder",
     "is_jsonl_name",
+    "json_line",
+    "read_blocks",
     "read_events",
     "read_header",
     "read_until_damage",
@@ -48,6 +58,7 @@ VERSION = 1  # JSON lines
 RAW_VERSION = 2  # raw kernel records
 _BLOCK = 4 << 20  # raw replay reads this much at a time
 _HEADER_MAX = 1 << 20
+T = TypeVar("T")
 
 # The short key of each Syscall field in a JSON lines recording; the first seven are
 # in every line (`_REQUIRED`), the others only when set.
@@ -112,6 +123,11 @@ def encode(sc: Syscall) -> dict[str, Any]:
     return d
 
 
+def json_line(sc: Syscall) -> str:
+    """The line of `sc` in a JSON lines recording (what every writer must match)."""
+    return dumps(encode(sc)) + "\n"
+
+
 def decode(d: dict[str, Any]) -> Syscall:
     kw: dict[str, Any] = {_FIELDS[k]: v for k, v in d.items() if k in _FIELDS}
     for key in ("args", "paths", "raw"):
@@ -173,14 +189,20 @@ class Recorder:
 
     def write(self, sc: Syscall) -> None:
         assert not self.raw, "a raw recording takes write_raw()"
-        self._line(encode(sc))
+        self._out.write(json_line(sc).encode())
         self.count += 1
 
     def write_many(self, events: list[Syscall]) -> None:
-        """write() for a batch, in one call to the file (what conversion spends on)."""
+        """write() for a batch, in one call to the file."""
         assert not self.raw, "a raw recording takes write_raw()"
-        self._out.write(b"".join([dumps(encode(sc)).encode() + b"\n" for sc in events]))
+        self._out.write("".join([json_line(sc) for sc in events]).encode())
         self.count += len(events)
+
+    def write_lines(self, lines: bytes, events: int) -> None:
+        """`events` lines made elsewhere as write() makes them (jsonl_bulk.JsonLines)."""
+        assert not self.raw, "a raw recording takes write_raw()"
+        self._out.write(lines)
+        self.count += events
 
     def write_raw(self, chunk: bytes, records: int) -> None:
         """Framed records as drained from the ring (RingBuffer.drain_bytes)."""
@@ -265,16 +287,16 @@ def read_header(path: str | Path) -> dict[str, Any]:
         done(False)
 
 
-def read_events(path: str | Path) -> Iterator[Syscall]:
-    """The recorded events in order; UsageError naming the line for a bad file."""
+def _reading(
+    path: str | Path, body: Callable[[Path, dict[str, Any], int, IO[bytes]], Iterator[T]]
+) -> Iterator[T]:
+    """What `body(path, header, offset after it, stream)` yields from a recording;
+    UsageError naming the line or record for a bad file."""
     p = _exists(path)
     stream, done = _open(p)
     try:
         header, at = _header(p, stream)
-        if header["version"] == RAW_VERSION:
-            yield from _raw_events(p, header, at, stream)
-        else:
-            yield from _json_events(p, stream)
+        yield from body(p, header, at, stream)
     except UsageError:
         # At the end of the stream, a failed zstd (a cut-off frame) says why better.
         done(not stream.read(1))
@@ -283,6 +305,23 @@ def read_events(path: str | Path) -> Iterator[Syscall]:
         done(False)
         raise
     done(True)
+
+
+def read_events(path: str | Path) -> Iterator[Syscall]:
+    """The recorded events in order; UsageError naming the line for a bad file."""
+    return _reading(path, _events)
+
+
+def read_blocks(path: str | Path) -> Iterator[RawBlock]:
+    """A raw recording's records, whole, a block at a time (for bulk work on them);
+    UsageError naming the record for a damaged file, or for JSON lines."""
+    return _reading(path, _raw_blocks)
+
+
+def _events(p: Path, header: dict[str, Any], at: int, stream: IO[bytes]) -> Iterator[Syscall]:
+    if header["version"] == RAW_VERSION:
+        return _raw_events(p, header, at, stream)
+    return _json_events(p, stream)
 
 
 def read_until_damage(path: str) -> tuple[list[Syscall], UsageError | None]:
@@ -324,8 +363,19 @@ def _json_events(p: Path, stream: IO[bytes]) -> Iterator[Syscall]:
             raise UsageError(f"{p}: line {n} has a bad field: {exc}") from None
 
 
-def _raw_events(p: Path, header: dict[str, Any], at: int, stream: IO[bytes]) -> Iterator[Syscall]:
+class RawBlock(NamedTuple):
+    """Whole records of a raw recording, with the layout and the offset from
+    CLOCK_MONOTONIC to wall time its header gives."""
+
+    frames: Frames
+    dtype: np.dtype[Any]
+    wall_offset_ns: int
+
+
+def _raw_blocks(p: Path, header: dict[str, Any], at: int, stream: IO[bytes]) -> Iterator[RawBlock]:
     """Raw records after the header line; `at`: the byte offset of the first one."""
+    if header["version"] != RAW_VERSION:
+        raise UsageError(f"{p}: a JSON lines recording, not raw kernel records")
     try:
         dtype = dtype_from_json(header.get("record"))
     except ValueError as exc:
@@ -344,8 +394,7 @@ def _raw_events(p: Path, header: dict[str, Any], at: int, stream: IO[bytes]) -> 
                 f"{p}: record {n + 1} (byte {at}) is shorter than a record header: "
                 "the recording is damaged"
             )
-        for i in range(0, len(fr), 8192):
-            yield from decode_frames(fr, dtype, offset, i, i + 8192)
+        yield RawBlock(fr, dtype, offset)
         n += len(fr)
         pending = buf[fr.used :]
         at += fr.used
@@ -355,3 +404,10 @@ def _raw_events(p: Path, header: dict[str, Any], at: int, stream: IO[bytes]) -> 
                     f"{p}: record {n + 1} (byte {at}) is truncated: the recording is damaged"
                 )
             return
+
+
+def _raw_events(p: Path, header: dict[str, Any], at: int, stream: IO[bytes]) -> Iterator[Syscall]:
+    rows = rows_by_content()
+    for fr, dtype, offset in _raw_blocks(p, header, at, stream):
+        for i in range(0, len(fr), 8192):
+            yield from decode_frames(fr, dtype, offset, i, i + 8192, rows)

@@ -11,7 +11,9 @@ the live views and on replay. Pure functions of bytes."""
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -24,11 +26,14 @@ __all__ = [
     "EV_END",
     "EV_START",
     "REQUIRED_FIELDS",
+    "Batch",
+    "ByContent",
     "Frames",
     "decode_frames",
     "dtype_from_json",
     "dtype_to_json",
     "frames",
+    "rows_by_content",
     "to_syscall",
 ]
 
@@ -134,6 +139,8 @@ def _fields(heads: np.ndarray[Any, Any]) -> dict[str, list[Any]]:
     return {name: heads[name].tolist() for name in names}
 
 
+T = TypeVar("T")
+
 # Fields that differ between two events of the same call made the same way; the rest
 # of a record (call, arguments, result, comm, strings) decodes to the same text.
 _PER_EVENT = ("index", "ts_ns", "pid", "tid")
@@ -167,42 +174,108 @@ def _heads(buf: bytes, offs: list[int], dtype: np.dtype[Any]) -> np.ndarray[Any,
     return heads
 
 
+@dataclass(frozen=True)
+class Batch(Generic[T]):
+    """ByContent.batch(): the records' fixed headers, what each distinct content was
+    made into, and which of those each record is."""
+
+    heads: np.ndarray[Any, Any]
+    made: list[T]
+    ids: list[int]
+
+
+class ByContent(Generic[T]):
+    """What records decode to, made once per distinct content: a loop repeats the same
+    few calls, and two records that differ only in their `_PER_EVENT` fields (index,
+    time, ids) decode to the same text. `make` turns the first record of a content,
+    decoded as a Syscall (its per-event fields those of that record), into what is kept
+    for it: the row itself for the views, a JSON line template for recordings. At most
+    `limit` contents are kept across batches (then the table starts over), so a
+    workload of ever new paths does not grow it without end."""
+
+    def __init__(self, make: Callable[[Syscall], T], limit: int = 16384) -> None:
+        self.make = make
+        self.limit = limit
+        self._made: dict[bytes, T] = {}
+
+    def batch(
+        self, fr: Frames, dtype: np.dtype[Any], start: int = 0, stop: int | None = None
+    ) -> Batch[T]:
+        """Records `start`..`stop` of `fr`: their fixed headers gathered into one numpy
+        array (a column read per field), what each content was made into (`made`, in
+        order of first appearance) and which of those each record is (`ids`)."""
+        offs = fr.offsets[start:stop]
+        if not offs:
+            return Batch(np.empty(0, dtype), [], [])
+        if len(self._made) > self.limit:
+            self._made.clear()
+        buf = fr.buf
+        heads = _heads(buf, offs, dtype)
+        lengths = fr.lengths[start:stop]
+        skip = _per_event_bytes(dtype)
+        cols: dict[str, list[Any]] | None = None  # every column, once misses are many
+        known = self._made
+        local: dict[bytes, int] = {}  # content -> its position in `made`
+        made: list[T] = []
+        ids: list[int] = []
+        misses = 0
+        for i, off in enumerate(offs):
+            key = buf[off + skip : off + lengths[i]] if skip else None
+            j = local.get(key) if key is not None else None
+            if j is None:
+                value = known.get(key) if key is not None else None
+                if value is None:
+                    if cols is None and misses >= _FEW:
+                        cols = _fields(heads)
+                    if cols is None:
+                        rec = _record(_fields(heads[i : i + 1]), 0, buf, off, dtype.itemsize)
+                    else:
+                        rec = _record(cols, i, buf, off, dtype.itemsize)
+                    misses += 1
+                    value = self.make(to_syscall(rec, 0))
+                    if key is not None:
+                        known[key] = value
+                j = len(made)
+                made.append(value)
+                if key is not None:
+                    local[key] = j
+            ids.append(j)
+        return Batch(heads, made, ids)
+
+
+def _row(sc: Syscall) -> Syscall:
+    return sc
+
+
+def rows_by_content() -> ByContent[Syscall]:
+    """The decoded rows of contents, for decode_frames() calls that share them (a few
+    thousand: a row weighs a kilobyte or two)."""
+    return ByContent(_row, limit=4096)
+
+
 def decode_frames(
-    fr: Frames, dtype: np.dtype[Any], wall_offset_ns: int, start: int = 0, stop: int | None = None
+    fr: Frames,
+    dtype: np.dtype[Any],
+    wall_offset_ns: int,
+    start: int = 0,
+    stop: int | None = None,
+    contents: ByContent[Syscall] | None = None,
 ) -> list[Syscall]:
-    """Records `start`..`stop` of `fr` as Syscall rows. The fixed headers are gathered
-    into one numpy array (a column read per field); a record is decoded once per
-    distinct content (all but `_PER_EVENT`: a loop repeats the same few calls), and
-    the others are copies of it with their own index, time and ids."""
-    offs = fr.offsets[start:stop]
-    if not offs:
+    """Records `start`..`stop` of `fr` as Syscall rows: a record is decoded once per
+    distinct content (ByContent; `contents` keeps them from call to call), and the
+    others are copies of it with their own index, time and ids."""
+    b = (contents or rows_by_content()).batch(fr, dtype, start, stop)
+    if not b.ids:
         return []
-    buf = fr.buf
-    heads = _heads(buf, offs, dtype)
-    index, ts, pid, tid = (heads[name].tolist() for name in _PER_EVENT)
-    lengths = fr.lengths[start:stop]
-    skip = _per_event_bytes(dtype)
-    cols: dict[str, list[Any]] | None = None  # every column, once misses are many
-    seen: dict[bytes, Syscall] = {}
+    index, ts, pid, tid = (b.heads[name].tolist() for name in _PER_EVENT)
+    made = b.made
     out = []
-    for i, off in enumerate(offs):
-        key = buf[off + skip : off + lengths[i]] if skip else None
-        first = seen.get(key) if key is not None else None
-        if first is None:
-            if cols is None and len(seen) >= _FEW:
-                cols = _fields(heads)
-            if cols is None:
-                rec = _record(_fields(heads[i : i + 1]), 0, buf, off, dtype.itemsize)
-            else:
-                rec = _record(cols, i, buf, off, dtype.itemsize)
-            first = to_syscall(rec, 0)
-            if key is not None:
-                seen[key] = first
-        sc = first.copy()
-        sc.index = index[i]
-        sc.timestamp_ns = ts[i] + wall_offset_ns
-        sc.pid = pid[i]
-        sc.tid = tid[i]
+    for j, i, t, p, k in zip(b.ids, index, ts, pid, tid, strict=True):
+        sc = made[j].copy()
+        sc.index = i
+        sc.timestamp_ns = t + wall_offset_ns
+        sc.pid = p
+        sc.tid = k
         out.append(sc)
     return out
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from .event import Syscall
 from .kernel import Capture
-from .ring_records import decode_frames, frames
+from .ring_records import decode_frames, frames, rows_by_content
 
 __all__ = ["BACKLOG_BYTES", "VIEW_SLICE", "Backlog"]
 
@@ -29,6 +29,7 @@ class Backlog:
         self._chunks: collections.deque[list[Any]] = collections.deque()
         self.bytes = 0
         self.skipped = 0
+        self._rows = rows_by_content()  # a traced loop's few calls, decoded once
 
     def __bool__(self) -> bool:
         return bool(self._chunks)
@@ -51,4 +52,4 @@ class Backlog:
         if len(fr) < n or fr.used >= len(c[0]):
             self._chunks.popleft()
             self.bytes -= len(c[0])
-        return decode_frames(fr, cap.dtype, cap.offset_ns)
+        return decode_frames(fr, cap.dtype, cap.offset_ns, contents=self._rows)
