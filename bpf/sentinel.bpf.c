@@ -48,6 +48,11 @@
 const volatile __u64 wakeup_bytes = 1;	/* wake the reader past this fill level */
 const volatile __u64 flow_skid_ns = MS_FLOW_SKID_NS;
 const volatile bool collect_stacks = true;
+/* The agent itself: its samples carry no user stack. An interpreter's frames, walked
+ * without frame pointers, make a new stack id at nearly every sample, which fills the
+ * stack maps and costs the agent a delete each; its samples keep their ip (the
+ * function) and kernel stack. */
+const volatile __u32 self_tgid = 0;
 /* 0: no branch records; 1: bpf_get_branch_snapshot (needs an LBR-enabled perf event
  * on the CPU); 2: bpf_read_branch_records (the sample's own branch stack: the event
  * opened with branch_sample_type). */
@@ -304,14 +309,17 @@ int ms_pmu_handler(struct bpf_perf_event_data *ctx)
 	if (collect_stacks) {
 		/* A sample in user mode has no kernel stack (kernel addresses have the top
 		 * bit set on x86_64 and arm64). */
+		bool user = tgid != self_tgid;
+
 		side = bpf_map_lookup_elem(&ms_stack_side, &zero);
 		if (side && *side) {
-			s->user_stack_id = side_b(bpf_get_stackid(ctx, &ms_stacks_b,
-								  BPF_F_USER_STACK));
+			s->user_stack_id = user ? side_b(bpf_get_stackid(ctx, &ms_stacks_b,
+									 BPF_F_USER_STACK)) : -ENOENT_;
 			s->kernel_stack_id = (long)s->ip < 0 ?
 				side_b(bpf_get_stackid(ctx, &ms_stacks_b, 0)) : -ENOENT_;
 		} else {
-			s->user_stack_id = bpf_get_stackid(ctx, &ms_stacks, BPF_F_USER_STACK);
+			s->user_stack_id = user ?
+				bpf_get_stackid(ctx, &ms_stacks, BPF_F_USER_STACK) : -ENOENT_;
 			s->kernel_stack_id = (long)s->ip < 0 ?
 				bpf_get_stackid(ctx, &ms_stacks, 0) : -ENOENT_;
 		}

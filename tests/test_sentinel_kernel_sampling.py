@@ -5,6 +5,7 @@ map's size, and nothing left attached after close()."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import subprocess
@@ -374,6 +375,29 @@ def test_stacks_keep_resolving_past_the_stack_map_size() -> None:
             assert len(set(resolved)) > 4 * entries
             assert late > entries  # the last second still resolves
             assert counts["switches"] >= 4 and counts["deleted"] > 2 * entries
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_agent_s_own_samples_carry_no_user_stack() -> None:
+    """The process that loaded the program (here: the test) is the agent: its samples
+    keep their ip and kernel stack but no user stack (an interpreter's frames make a
+    new stack id at nearly every sample); another process's have user stacks."""
+    child = subprocess.Popen(["sha256sum", "/dev/zero"])
+    try:
+        with KernelSource(CLOCK, frequency=999) as src:
+            mine: list[int] = []
+            theirs: list[int] = []
+            end = time.monotonic() + 1.5
+            while time.monotonic() < end or not mine:
+                samples, _ = src.poll(0)  # a busy loop: the test itself is sampled
+                pid = samples["pid"]
+                mine += samples["user_stack_id"][pid == os.getpid()].tolist()
+                theirs += samples["user_stack_id"][pid == child.pid].tolist()
+                assert time.monotonic() < end + 10, "the test was never sampled"
+            assert mine and set(mine) == {-errno.ENOENT}
+            assert sum(sid >= 0 for sid in theirs) > len(theirs) // 2
     finally:
         child.kill()
         child.wait()

@@ -112,5 +112,5 @@ def test_the_ring_holds_three_seconds_of_samples() -> None:
     # struct ms_sample and its 8-byte ring header fit the record size the ring is
     # sized by; three seconds at 100,000 samples/s, within the 4-64 MiB bounds
     assert records.sample_dtype().itemsize + 8 <= RECORD_BYTES
-    assert ring_bytes(100_000) == 64 << 20 >= 3 * 100_000 * RECORD_BYTES
+    assert ring_bytes(100_000) == 32 << 20 >= 3 * 100_000 * RECORD_BYTES
     assert ring_bytes(1_000) == 4 << 20  # the smallest

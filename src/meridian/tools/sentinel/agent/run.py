@@ -73,12 +73,13 @@ def make_source(cfg: SentinelConfig, warn: Callable[[str], None]) -> SampleSourc
 
 
 RING_S = 3.0  # the sample ring holds this long of samples at the offered rate
-# A sample in the ring: struct ms_sample (80 bytes) and the ring's 8-byte header (88),
-# rounded up: with 88, the ring at 100,000 samples/s was 32 MiB, not 64, and a starved
-# consumer (a host whose CPUs are all busy) overflowed it once in three runs
-# (benchmarks/RESULTS.md, 2026-11-26). The reader maps the ring once (bpf/ringbuf.py):
+# A sample in the ring: struct ms_sample (80 bytes) and the ring's 8-byte header. At
+# 100,000 samples/s that is a 32 MiB ring (3.8 s). It was rounded up to 128 bytes (a
+# 64 MiB ring) while the consumer took 55-65 % of a core and, starved on a host whose
+# CPUs were all busy, overflowed a 32 MiB ring once in three runs; at 25-35 % it did
+# not in any (benchmarks/RESULTS.md). The reader maps the ring once (bpf/ringbuf.py):
 # it counts once in the agent's RSS.
-RECORD_BYTES = 128
+RECORD_BYTES = 88
 RING_MIN, RING_MAX = 1 << 22, 1 << 26
 
 

@@ -213,6 +213,7 @@ class KernelSource(Session):
                 # its own timer (a wake-up per record costs microseconds here).
                 "wakeup_bytes": self.ring_bytes // 4,
                 "collect_stacks": self.stacks,
+                "self_tgid": os.getpid(),  # the agent: its samples carry no user stack
                 "lbr_mode": self.lbr,
             }
         )
