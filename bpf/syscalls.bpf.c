@@ -209,13 +209,27 @@ static __always_inline __u8 read_strings(struct syscalls_buf *b,
 	return ok;
 }
 
+/* Bytes in the ring not consumed yet, as bpf_ringbuf_query() says them: where the
+ * kernel has bpf_rdonly_cast, its producer and consumer positions read directly, without
+ * the helper call (tens of ns on hosts with return thunks, such as this VM, at every
+ * event); else the helper. */
+static __always_inline __u64 ring_avail(void)
+{
+	if (have_bpf_rdonly_cast) {
+		struct bpf_ringbuf *rb = KCAST(struct bpf_ringbuf_map, &events)->rb;
+
+		return rb->producer_pos - rb->consumer_pos;
+	}
+	return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+}
+
 /* The ring's fill level (bytes not yet consumed), or -1 when a record of any size may
  * not fit: then the event is dropped (and counted) before any work is spent on its
  * strings and fd path, so an overloaded ring stays cheap. One helper call per event,
  * also used by send() to decide on a wake-up. */
 static __always_inline __s64 ring_fill(void)
 {
-	__u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	__u64 avail = ring_avail();
 
 	if (avail + sizeof(struct syscalls_buf) + 8 <= ring_bytes)
 		return avail;

@@ -16,6 +16,22 @@ static __always_inline bool read_piece(struct syscalls_buf *b, __u64 at, __u32 l
 	return true;
 }
 
+/* Two fields of a user struct in one read (one helper call, not two): `len1` bytes at
+ * `at`, then `len2` bytes at `at + gap`, into the end record at data[*off]. */
+static __always_inline bool read_two(struct syscalls_buf *b, __u64 at, __u32 len1, __u32 gap,
+				     __u32 len2, __u32 *off)
+{
+	__u8 raw[32];
+	__u32 o = bound(*off);
+
+	if (len1 > 8 || len2 > 8 || gap > 24 || bpf_probe_read_user(raw, gap + 8, (const void *)at))
+		return false;
+	__builtin_memcpy(&b->data[o], raw, 8);	/* the first field (and what follows it) */
+	__builtin_memcpy(&b->data[o + len1], &raw[gap & 31], 8);
+	*off = o + len1 + len2;
+	return true;
+}
+
 /* The output argument of a call that succeeded (pipe2's fds, a stat buffer) behind
  * the end's strings, as enum syscalls_out says; its length in e->out_len. */
 static __always_inline void read_output(struct syscalls_buf *b, const struct syscalls_meta *meta,
@@ -33,11 +49,11 @@ static __always_inline void read_output(struct syscalls_buf *b, const struct sys
 	case SYSCALLS_OUT_FDS:
 		ok = read_piece(b, p, 8, off);
 		break;
-	case SYSCALLS_OUT_STAT:
-		ok = read_piece(b, p + 24, 4, off) && read_piece(b, p + 48, 8, off);
+	case SYSCALLS_OUT_STAT:	/* st_mode (+24, 4 bytes) and st_size (+48, 8) */
+		ok = read_two(b, p + 24, 4, 24, 8, off);
 		break;
-	case SYSCALLS_OUT_STATX:
-		ok = read_piece(b, p + 28, 2, off) && read_piece(b, p + 40, 8, off);
+	case SYSCALLS_OUT_STATX:	/* stx_mode (+28, 2 bytes) and stx_size (+40, 8) */
+		ok = read_two(b, p + 28, 2, 12, 8, off);
 		break;
 	}
 	if (!ok) {

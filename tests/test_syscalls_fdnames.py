@@ -53,6 +53,7 @@ int main(int argc, char **argv)
 	int p[2], sv[2], efd, ep, tfd, pfd, mfd, del;
 	unsigned long long one = 1;
 	struct stat st;
+	struct statx sx;
 	void *anon, *map;
 
 	if (!freopen(argv[1], "w", stdout))
@@ -89,6 +90,9 @@ int main(int argc, char **argv)
 	if (fstat(mfd, &st))
 		return 5;
 	printf("fstat %d %o %lld\n", mfd, st.st_mode, (long long)st.st_size);
+	if (statx(mfd, "", AT_EMPTY_PATH, STATX_BASIC_STATS, &sx))
+		return 5;
+	printf("statx %d %o %lld\n", mfd, sx.stx_mode, (long long)sx.stx_size);
 	anon = mmap(NULL, 12293, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	map = mmap(NULL, 5, PROT_READ, MAP_SHARED, mfd, 0);
 	if (anon == MAP_FAILED || map == MAP_FAILED)
@@ -145,7 +149,7 @@ def calls_on(rows: list[dict[str, Any]], name: str, fd: int) -> list[dict[str, A
 @pytest.mark.parametrize("strategy", ["tp_btf", "tracepoint"])
 def test_fd_names_equal_proc_readlink(prog: Path, tmp_path: Path, strategy: str) -> None:
     rows, truth = run(prog, tmp_path, "--strategy", strategy, "-e",
-                      "pipe2,socketpair,write,close,fstat,newfstatat,mmap")  # fmt: skip
+                      "pipe2,socketpair,write,close,fstat,newfstatat,statx,mmap")  # fmt: skip
     assert set(truth.names) == {
         "pipe_r", "pipe_w", "sock0", "sock1", "eventfd", "epoll", "timerfd", "pidfd",
         "memfd", "deleted",
@@ -182,6 +186,10 @@ def test_fd_names_equal_proc_readlink(prog: Path, tmp_path: Path, strategy: str)
         if r["syscall"] in ("fstat", "newfstatat") and r["args"][0].startswith(f"{sfd}<")
     ]
     assert stat_text in st["args"] and size == "5"
+    xfd, xmode, xsize = truth.words["statx"]
+    statx_text = f"{{stx_mode=S_IFREG|0{int(xmode, 8) & 0o777:03o}, stx_size={xsize}, ...}}"
+    (sx,) = [r for r in rows if r["syscall"] == "statx" and r["args"][0].startswith(f"{xfd}<")]
+    assert statx_text in sx["args"] and xsize == "5"
 
     # mmap asked for by name: the anonymous map too, with fd -1 and its length.
     maps = {r["result_text"]: r["args"] for r in rows if r["syscall"] == "mmap"}
