@@ -149,3 +149,14 @@ def symbolizer(
         max_provisional=bounds.get("max_provisional", 1 << 14),
         grace_s=bounds.get("grace_s", 10),
     )
+
+
+def odd_mappings(junk: Path) -> list[str]:
+    """/proc/PID/maps lines of code no symbol table names: a file that is no ELF, a
+    deleted file, [vdso] and anonymous memory."""
+    return [
+        f"{0x7000_0000_0000:x}-{0x7000_0001_0000:x} r-xp 00000000 fe:00 9 {junk}",
+        f"{0x7000_0002_0000:x}-{0x7000_0003_0000:x} r-xp 00000000 fe:00 9 /gone (deleted)",
+        f"{0x7000_0004_0000:x}-{0x7000_0004_2000:x} r-xp 00000000 00:00 0 [vdso]",
+        f"{0x7000_0005_0000:x}-{0x7000_0006_0000:x} rw-p 00000000 00:00 0",
+    ]

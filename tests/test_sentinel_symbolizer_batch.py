@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from symbolizer_fakes import PID, Binary, Clock, FakeProc, maps_lines, symbolizer
+from symbolizer_fakes import PID, Binary, Clock, FakeProc, maps_lines, odd_mappings, symbolizer
 
 from meridian.tools.sentinel.symbols.elf import ElfSymbols
 from meridian.tools.sentinel.symbols.kallsyms import KERNEL_START, KernelSymbols
@@ -163,10 +163,7 @@ def test_function_ids_of_mappings_named_unknown(
         [
             *maps_lines(pie, bias),
             *maps_lines(lib, 0x7F00_0000_0000),
-            f"{0x7000_0000_0000:x}-{0x7000_0001_0000:x} r-xp 00000000 fe:00 9 {junk}",
-            f"{0x7000_0002_0000:x}-{0x7000_0003_0000:x} r-xp 00000000 fe:00 9 /gone (deleted)",
-            f"{0x7000_0004_0000:x}-{0x7000_0004_2000:x} r-xp 00000000 00:00 0 [vdso]",
-            f"{0x7000_0005_0000:x}-{0x7000_0006_0000:x} rw-p 00000000 00:00 0",
+            *odd_mappings(junk),
         ],
     )
     fake.add(PID + 1, maps_lines(lib, 0x7E00_0000_0000))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from symbolizer_fakes import PID, Binary, Clock, FakeProc, maps_lines, symbolizer
+from symbolizer_fakes import PID, Binary, Clock, FakeProc, maps_lines, odd_mappings, symbolizer
 
 
 @pytest.mark.parametrize("name", ["pie", "nopie", "lib.so"])
@@ -44,10 +44,7 @@ def test_unknown_addresses_never_raise(
         PID,
         [
             *maps_lines(b, bias),
-            f"{0x7000_0000_0000:x}-{0x7000_0001_0000:x} r-xp 00000000 fe:00 9 {junk}",
-            f"{0x7000_0002_0000:x}-{0x7000_0003_0000:x} r-xp 00000000 fe:00 9 /gone (deleted)",
-            f"{0x7000_0004_0000:x}-{0x7000_0004_2000:x} r-xp 00000000 00:00 0 [vdso]",
-            f"{0x7000_0005_0000:x}-{0x7000_0006_0000:x} rw-p 00000000 00:00 0",
+            *odd_mappings(junk),
             "this line is not a mapping",
         ],
     )

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Piece", "join_lines", "number_texts", "numbers"]
+__all__ = ["Piece", "gather", "join_lines", "number_texts", "numbers"]
 
 Piece = str | list[str]  # constant text, or one string per event
 
@@ -35,6 +35,17 @@ def numbers(col: np.ndarray[Any, Any]) -> Piece:
     the constant text around it), else one text per event."""
     lo, hi = col.min(), col.max()
     return str(int(lo)) if lo == hi else number_texts(col)
+
+
+def gather(texts: list[str], ids: np.ndarray[Any, Any]) -> Piece:
+    """Per event, the text of its group (`ids`: each event's index into `texts`, the
+    texts made once per distinct content); one text when there is one group."""
+    if len(texts) == 1:
+        return texts[0]
+    table = np.empty(len(texts), dtype=object)
+    table[:] = texts
+    out: list[str] = table[ids].tolist()
+    return out
 
 
 def join_lines(pieces: list[Piece], n: int) -> str:

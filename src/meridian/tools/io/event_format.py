@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ... import proc
-from ...json_columns import Piece, join_lines, numbers
+from ...json_columns import Piece, gather, join_lines, numbers
 from .model import OPS
 from .names import NameCache
 
@@ -217,12 +217,7 @@ class EventFormatter:
             f'"dev":"{proc.dev_major(d)}:{proc.dev_minor(d)}","ino":{i}'
             for p, t, c, f, d, i, o, g in rows
         ]
-        if len(texts) == 1:
-            return texts[0]
-        table = np.empty(len(texts), dtype=object)
-        table[:] = texts
-        out: list[str] = table[inv].tolist()
-        return out
+        return gather(texts, inv)
 
     def json_chunks(self, ev: np.ndarray[Any, Any]) -> Iterator[str]:
         """JSON lines of the events, `CHUNK` events per string."""

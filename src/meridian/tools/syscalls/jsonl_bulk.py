@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ...json_columns import Piece, join_lines, numbers
+from ...json_columns import Piece, gather, join_lines, numbers
 from .event import Syscall
 from .recording_file import json_line
 from .ring_records import ByContent, Frames, decode_frames
@@ -83,20 +83,10 @@ class JsonLines:
             if isinstance(num, str):  # one value in the batch: into the text around it
                 cur = [c + num + t for c, t in zip(cur, texts[k], strict=True)]
             else:
-                pieces += [_gather(cur, ids), num]
+                pieces += [gather(cur, ids), num]
                 cur = texts[k]
-        pieces.append(_gather(cur, ids))
+        pieces.append(gather(cur, ids))
         return join_lines(pieces, n).encode()
-
-
-def _gather(texts: list[str], ids: np.ndarray[Any, Any]) -> Piece:
-    """Per record, the text of its content (one text when the batch has one content)."""
-    if len(texts) == 1:
-        return texts[0]
-    table = np.empty(len(texts), dtype=object)
-    table[:] = texts
-    out: list[str] = table[ids].tolist()
-    return out
 
 
 def _times(ts: np.ndarray[Any, Any], offset: int) -> Piece:
