@@ -84,7 +84,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--record-format",
         choices=("raw", "jsonl"),
         help="-w format regardless of the name: raw or jsonl (both lossless; jsonl is "
-        "converted from a raw spool when the capture ends, 1-8 s per million events)",
+        "converted from a raw spool when the capture ends, 1-6 s per million events)",
     )
     p.add_argument("-r", dest="read", metavar="FILE", help="replay a recording")
     p.add_argument("--filter", dest="text", metavar="TEXT", help="text in any field")
