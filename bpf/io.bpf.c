@@ -95,6 +95,31 @@ MAP_DEF(ahead, BPF_MAP_TYPE_LRU_HASH, struct ahead_key, struct ahead_range, 4096
 
 HIST_MAP_DEF(stats, BPF_MAP_TYPE_PERCPU_HASH, struct fileio_key, struct fileio_stats, 8192);
 
+/* In front of `stats`, a cache of aggregates per CPU: `cache_ways` entries per CPU and
+ * (op, cached); a process may use two of them (by a hash of it, and the neighbour). An
+ * operation whose process owns an entry updates it in place: an array lookup (a few
+ * inlined instructions) and the CPU's id (inlined on x86 since 6.10), not the hash
+ * lookup (a helper call and a hash: most of what io costs a pread above two clock
+ * reads). Entries never move into the hash, so
+ * user space adds each live entry to its key's per-CPU values and never counts one
+ * twice. A free entry is claimed with a compare-and-swap (through a "being claimed"
+ * tag, so a preempted claimer and the owner never write one entry at once); one owned
+ * by another live process sends the operation to the hash, as before; one whose owner
+ * user space has retired (its tag in `stats_retired`: summarized, the process gone) is
+ * claimed again. User space never writes an entry. */
+#define STATS_CLAIMING (~0ULL)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);		/* resized: possible CPUs x cache_ways x 4 */
+	__type(key, __u32);
+	__type(value, struct fileio_cached);
+} stats_cache SEC(".maps");
+
+MAP_DEF(stats_retired, BPF_MAP_TYPE_ARRAY, __u32, __u64, 1);	/* resized alike */
+
+const volatile __u32 cache_ways = 0;	/* a power of two; 0: no cache */
+
 /* A block request in flight, by its struct request pointer: who submitted it
  * (block_io_start runs in the submitting thread) and when the device got it. */
 struct rq_owner {
@@ -338,6 +363,57 @@ static __always_inline __u32 proc_start(struct task_struct *task)
 	return task->group_leader->start_boottime / tick_ns;
 }
 
+/* Claims entry e (index idx) for `tag` if it is free or its owner was retired: NULL
+ * when it is another live process's, or another claim got there first. */
+static __always_inline struct fileio_stats *claim(struct fileio_cached *e, __u32 idx, __u64 tag,
+						  struct task_struct *task)
+{
+	__u64 old = e->tag, *retired;
+
+	if (old) {
+		retired = bpf_map_lookup_elem(&stats_retired, &idx);
+		if (!retired || *retired != old)
+			return NULL;	/* another live process's, or being claimed */
+	}
+	if (__sync_val_compare_and_swap(&e->tag, old, STATS_CLAIMING) != old)
+		return NULL;
+	/* Zeroed once a claim (a 4 KiB copy, which clang leaves to a helper). */
+	bpf_probe_read_kernel(&e->s, sizeof(e->s), &zero_stats);
+	__builtin_memcpy(e->s.comm, task->comm, sizeof(e->s.comm));
+	e->tag = tag;
+	return &e->s;
+}
+
+/* The CPU's cache entry for `key`: one of two ways (by a hash of the process, and its
+ * neighbour), the one its process owns, else one it can claim; NULL: the hash. */
+static __always_inline struct fileio_stats *cached_stats(const struct fileio_key *key,
+							 struct task_struct *task)
+{
+	__u64 tag = (__u64)key->pid << 32 | key->start;
+	struct fileio_cached *e0, *e1;
+	struct fileio_stats *s;
+	__u32 way, idx0, idx1;
+
+	if (!cache_ways)
+		return NULL;
+	way = ((key->pid ^ key->start) * 2654435761u) >> 16;
+	idx0 = (bpf_get_smp_processor_id() * cache_ways + (way & (cache_ways - 1))) << 2 |
+	       key->op << 1 | key->cached;
+	idx1 = idx0 ^ (cache_ways > 1 ? 4 : 0);	/* the neighbouring way */
+	e0 = bpf_map_lookup_elem(&stats_cache, &idx0);
+	if (!e0)
+		return NULL;
+	if (e0->tag == tag)
+		return &e0->s;
+	e1 = bpf_map_lookup_elem(&stats_cache, &idx1);
+	if (!e1)
+		return NULL;
+	if (e1->tag == tag)
+		return &e1->s;
+	s = claim(e0, idx0, tag, task);
+	return s ? s : claim(e1, idx1, tag, task);
+}
+
 /* One completed operation into the aggregates and, if asked, the event stream. */
 static __always_inline void account(struct fileio_inflight *st, __u32 op, __u64 ino,
 				    __u32 dev, __s32 fd, long ret, __u64 disk, bool cached,
@@ -350,7 +426,9 @@ static __always_inline void account(struct fileio_inflight *st, __u32 op, __u64 
 	struct fileio_stats *s;
 	struct fileio_event *ev;
 
-	s = bpf_map_lookup_elem(&stats, &key);
+	s = cached_stats(&key, task);
+	if (!s)
+		s = bpf_map_lookup_elem(&stats, &key);
 	if (!s) {
 		bpf_map_update_elem(&stats, &key, &zero_stats, BPF_NOEXIST);
 		s = bpf_map_lookup_elem(&stats, &key);

@@ -44,6 +44,13 @@ struct fileio_stats {
 	char comm[IO_COMM_LEN];
 };
 
+/* An entry of `stats_cache`: one key's aggregates on one CPU, kept outside the
+ * `stats` hash so that its operations skip the hash lookup (io.bpf.c). */
+struct fileio_cached {
+	__u64 tag;		/* the owner, pid << 32 | start; 0: free; ~0: being claimed */
+	struct fileio_stats s;
+};
+
 /* Block requests per submitting process and op: what reached the device, with the
  * device-level latency (issue to completion). */
 struct fileio_disk_key {

@@ -14,7 +14,7 @@ from children import build_c, reap
 from meridian.tools.io.kernel import FileIO
 from meridian.tools.io.model import summarize
 from meridian.tools.io.options import Options
-from meridian.tools.io.pid_table import PidTable, delete_keys
+from meridian.tools.io.pid_table import PidTable
 
 pytestmark = pytest.mark.kernel
 
@@ -42,7 +42,6 @@ def test_a_process_that_exits_is_retired_and_leaves_the_kernel_map(tmp_path: Pat
         assert child.stdout.readline() == "ready\n"
         with FileIO(Options(pids=[child.pid], no_events=True)) as tool:
             assert tool.obj is not None
-            stats = tool.obj.maps["stats"]
             table = PidTable(time.monotonic_ns(), grace_s=0.3)
             table.update(*tool.stats(), time.monotonic_ns())
             child.stdin.write("go\n")
@@ -57,7 +56,7 @@ def test_a_process_that_exits_is_retired_and_leaves_the_kernel_map(tmp_path: Pat
                     break
             assert gone is not None, "the exited process was never retired"
             assert set(gone["pid"].tolist()) == {child.pid}
-            assert delete_keys(stats, gone) == len(gone)
+            assert tool.forget_stats(gone) == len(gone)  # each in the hash or the cache
             assert child.pid not in summarize(*tool.stats())
             table.update(*tool.stats(), time.monotonic_ns())
             assert [r.pid for r in table.rows()] == []
@@ -190,7 +189,7 @@ def test_a_reused_pid_is_counted_as_another_process(tmp_path: Path) -> None:
             _run(second)
             gone = table.update(*tool.stats(), time.monotonic_ns())
             assert set(gone["pid"].tolist()) == {first.pid}
-            assert delete_keys(tool.obj.maps["stats"], gone) == len(gone)  # type: ignore[union-attr]
+            assert tool.forget_stats(gone) == len(gone)
             procs = [ps for ps in table.summaries() if ps.pid == first.pid]
             assert [ps.total("read").ops for ps in procs] == [25, 40]
             assert [ps.total("read").bytes for ps in procs] == [25 * 4096, 40 * 4096]

@@ -49,14 +49,13 @@ class _Retirer:
     def __init__(self, tool: FileIO, table: PidTable) -> None:
         assert tool.obj is not None
         self.tool, self.table = tool, table
-        self.stats_map = tool.obj.maps["stats"]
         self.disk_map = tool.obj.maps["disk_io"]
         self.wb_map = tool.obj.maps["writeback"]
         self.block: list[BlockStats] = []
         self.writeback: list[WritebackStats] = []
 
     def __call__(self, keys: np.ndarray[Any, Any]) -> None:
-        delete_keys(self.stats_map, keys)
+        self.tool.forget_stats(keys)
         dkeys, dvals = self.tool.disk_stats()
         wkeys, wvals = self.tool.writeback_stats()
         procs = {

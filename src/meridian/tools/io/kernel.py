@@ -20,6 +20,7 @@ from ...proc import CLOCK_TICK_NS, thread_slots
 from ...session import Session
 from .names import NameCache
 from .options import Options
+from .stats_cache import CACHE_WAYS, entry_keys, live, merge
 
 __all__ = ["BLOCK", "SIGNALS", "STRATEGIES", "SYSCALLS", "WRITEBACK", "FileIO"]
 
@@ -70,8 +71,9 @@ class FileIO(Session):
     OBJECT = "io"
     BAD_RECORDS = "events_bad"  # counters(): ring records of an unexpected size
 
-    def __init__(self, opts: Options) -> None:
+    def __init__(self, opts: Options, cache_ways: int = CACHE_WAYS) -> None:
         self.opts = opts
+        self.cache_ways = cache_ways  # stats_cache.py; 0: none
         self.strategy = choose(STRATEGIES, opts.strategy)
         self.selected: list[str] = []
         self.names = NameCache(forget=self._forget)  # the kernel's paths, per inode
@@ -104,8 +106,12 @@ class FileIO(Session):
                 "wakeup_bytes": obj.maps["events"].max_entries // 4,
                 "tick_ns": CLOCK_TICK_NS,
                 "writeback_on": set(WRITEBACK) <= set(self.selected),
+                "cache_ways": self.cache_ways,
             }
         )
+        entries = max(1, obj.maps["stats"].ncpus * self.cache_ways * 4)  # per possible CPU
+        obj.resize("stats_cache", entries)
+        obj.resize("stats_retired", entries)
         obj.resize("inflight", slots)
         obj.resize("stats", o.max_pids)
         obj.resize("disk_io", o.max_pids)
@@ -129,8 +135,41 @@ class FileIO(Session):
         return keys, vals
 
     def stats(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-        """Keys and per-CPU values of the aggregate map (model.summarize sums them)."""
-        return self._items("stats")
+        """Keys and per-CPU values of the aggregates (model.summarize sums them): the
+        hash's, and the per-CPU cache's live entries as more columns (stats_cache.py)."""
+        keys, vals = self._items("stats")
+        idx, entries = self.cache_entries()
+        return merge(keys, vals, idx, entries, self.cache_ways)
+
+    def cache_entries(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """The live entries of the per-CPU cache: their indices and values."""
+        assert self.obj is not None
+        if not self.cache_ways:
+            empty = np.zeros(0, dtype=self.obj.maps["stats_cache"].value_dtype)
+            return np.zeros(0, dtype=np.uint32), empty
+        idx, entries = self._items("stats_cache")
+        _, retired = self._items("stats_retired")
+        keep = live(idx, entries, retired)
+        return idx[keep], entries[keep]
+
+    def forget_stats(self, keys: np.ndarray[Any, Any]) -> int:
+        """Retired keys (their processes gone and summarized): out of the hash, and
+        their cache entries marked retired, so that the kernel may claim them again
+        and stats() no longer reads them. Returns how many of the keys were there."""
+        assert self.obj is not None
+        stats, found = self.obj.maps["stats"], set()
+        for k in keys:
+            if stats.delete(k):
+                found.add(k.tobytes())
+        idx, entries = self.cache_entries()
+        gone = {k.tobytes() for k in keys}
+        retired = self.obj.maps["stats_retired"]
+        ekeys = entry_keys(idx, entries["tag"], keys.dtype)
+        for i, tag, k in zip(idx.tolist(), entries["tag"].tolist(), ekeys, strict=True):
+            if k.tobytes() in gone:
+                retired.update(np.uint32(i), np.uint64(tag))
+                found.add(k.tobytes())
+        return len(found)
 
     def disk_stats(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """Block requests per (submitting PID, op): keys and per-CPU values of

@@ -370,5 +370,6 @@ class PidTable:
 
 
 def delete_keys(stats_map: Any, keys: Iterable[Any]) -> int:
-    """Delete retired keys from the kernel aggregate map; returns how many were there."""
+    """Delete retired keys from a per-process kernel map (disk_io, writeback); returns
+    how many were there."""
     return sum(1 for k in keys if stats_map.delete(k))
