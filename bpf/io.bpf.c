@@ -100,9 +100,8 @@ HIST_MAP_DEF(stats, BPF_MAP_TYPE_PERCPU_HASH, struct fileio_key, struct fileio_s
  * operation whose process owns an entry updates it in place: an array lookup (a few
  * inlined instructions) and the CPU's id (inlined on x86 since 6.10), not the hash
  * lookup (a helper call and a hash: most of what io costs a pread above two clock
- * reads). Entries never move into the hash, so
- * user space adds each live entry to its key's per-CPU values and never counts one
- * twice. A free entry is claimed with a compare-and-swap (through a "being claimed"
+ * reads). Entries never move into the hash, so user space adds each live entry to its
+ * key's per-CPU values and never counts one twice. A free entry is claimed with a compare-and-swap (through a "being claimed"
  * tag, so a preempted claimer and the owner never write one entry at once); one owned
  * by another live process sends the operation to the hash, as before; one whose owner
  * user space has retired (its tag in `stats_retired`: summarized, the process gone) is

@@ -225,8 +225,8 @@ static __always_inline __u64 ring_avail(void)
 
 /* The ring's fill level (bytes not yet consumed), or -1 when a record of any size may
  * not fit: then the event is dropped (and counted) before any work is spent on its
- * strings and fd path, so an overloaded ring stays cheap. One helper call per event,
- * also used by send() to decide on a wake-up. */
+ * strings and fd path, so an overloaded ring stays cheap (ring_avail: no helper call
+ * where bpf_rdonly_cast exists). Also what send() decides a wake-up by. */
 static __always_inline __s64 ring_fill(void)
 {
 	__u64 avail = ring_avail();
