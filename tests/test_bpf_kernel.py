@@ -90,6 +90,25 @@ def test_ctrl_c_while_libbpf_prints_still_ends_the_run(phase: str) -> None:
             obj.close()
 
 
+def test_ctrl_c_during_an_attach_leaves_the_link_with_the_object() -> None:
+    """A Ctrl-C held while libbpf attaches is delivered only once the object keeps the
+    link, so closing the object detaches it (none is left behind, unreachable)."""
+    from meridian.bpf import _libbpf
+
+    with BpfObject(object_path("features")) as obj:
+        obj.select(["probe_tracepoint"])
+        obj.load()
+        prog = obj.programs["probe_tracepoint"]
+
+        def interrupted_attach() -> int:
+            os.kill(os.getpid(), signal.SIGINT)  # held: the attach goes on
+            return int(_libbpf.lib().bpf_program__attach(prog._handle) or 0)
+
+        with pytest.raises(KeyboardInterrupt):
+            prog._attached("(test)", interrupted_attach)
+        assert [link.program for link in obj.links] == ["probe_tracepoint"]
+
+
 def test_percpu_values_come_one_per_cpu() -> None:
     with BpfObject(object_path("biolat")) as obj:
         obj.select(["btf_rq_issue", "btf_rq_complete"])

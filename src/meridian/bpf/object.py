@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno as _errno
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -56,25 +56,36 @@ class Program:
     def fd(self) -> int:
         return int(L.lib().bpf_program__fd(self._handle))
 
+    def _attached(self, what: str, make: Callable[[], Any]) -> Link:
+        """The link make() (a libbpf attach) returns, kept by the object, with Ctrl-C
+        held (libbpf may print, a Python callback, while attaching) until it is kept: an
+        interrupted attach leaves no link that closing the object would not destroy."""
+        kept = None
+        with signals_held():
+            link = make()
+            if link:
+                kept = self._obj._keep(Link(link, self.name))
+        if kept is None:
+            raise BpfError(f"attaching {self.name} {what}", L.errno() or _errno.EINVAL)
+        return kept
+
     def attach(self) -> Link:
         """Attach as the section name says (tp_btf/..., tracepoint/..., kprobe/...)."""
-        with signals_held():  # libbpf may print (a Python callback) while attaching
-            link = L.lib().bpf_program__attach(self._handle)
-        if not link:
-            raise BpfError(f"attaching {self.name} ({self.section})", L.errno() or _errno.EINVAL)
-        return self._obj._keep(Link(link, self.name))
+        return self._attached(
+            f"({self.section})", lambda: L.lib().bpf_program__attach(self._handle)
+        )
 
     def attach_perf_event(self, perf_fd: int, cookie: int | None = None) -> Link:
         """Attach to an open perf event; the link owns (and closes) the fd. A `cookie`
         is what the program reads with bpf_get_attach_cookie() (Linux >= 5.15)."""
-        with signals_held():
-            if cookie is None:
-                link = L.lib().bpf_program__attach_perf_event(self._handle, perf_fd)
-            else:
-                link = L.attach_perf_event_cookie(self._handle, perf_fd, cookie)
-        if not link:
-            raise BpfError(f"attaching {self.name} to a perf event", L.errno() or _errno.EINVAL)
-        return self._obj._keep(Link(link, self.name))
+        if cookie is None:
+            return self._attached(
+                "to a perf event",
+                lambda: L.lib().bpf_program__attach_perf_event(self._handle, perf_fd),
+            )
+        return self._attached(
+            "to a perf event", lambda: L.attach_perf_event_cookie(self._handle, perf_fd, cookie)
+        )
 
     @property
     def recursion_misses(self) -> int:
@@ -95,13 +106,10 @@ class Program:
     def attach_xdp(self, ifindex: int) -> Link:
         """Attach an XDP program to an interface through a BPF link (Linux >= 5.9):
         destroying the link (or closing the object) detaches it."""
-        with signals_held():
-            link = L.lib().bpf_program__attach_xdp(self._handle, ifindex)
-        if not link:
-            raise BpfError(
-                f"attaching {self.name} (XDP) to ifindex {ifindex}", L.errno() or _errno.EINVAL
-            )
-        return self._obj._keep(Link(link, self.name))
+        return self._attached(
+            f"(XDP) to ifindex {ifindex}",
+            lambda: L.lib().bpf_program__attach_xdp(self._handle, ifindex),
+        )
 
 
 class BpfObject:
@@ -114,8 +122,14 @@ class BpfObject:
         self._handle: int | None = None
         self._links: list[Link] = []
         self._loaded = False
-        with signals_held():  # libbpf prints through a Python callback while opening
-            handle = L.lib().bpf_object__open_file(str(self.path).encode(), None)
+        handle = None
+        try:
+            with signals_held():  # libbpf prints through a Python callback while opening
+                handle = L.lib().bpf_object__open_file(str(self.path).encode(), None)
+        except KeyboardInterrupt:  # held until libbpf returned: nothing may stay open
+            if handle:
+                L.lib().bpf_object__close(handle)
+            raise
         if not handle:
             raise BpfError(f"opening {self.path}", L.errno() or _errno.EINVAL)
         self._handle = handle
