@@ -13,7 +13,7 @@ import pytest
 from meridian.tools.sentinel.model.interference import InterferenceClass, classify
 from meridian.tools.sentinel.model.records import Event
 from meridian.tools.sentinel.model.rollup import ROLLUP_DTYPE, UNRESOLVED, Rollup
-from meridian.tools.sentinel.pipeline.aggregator import SKIPPED_STACK, Aggregator
+from meridian.tools.sentinel.pipeline.aggregator import SKIPPED_STACK, Aggregator, _Answers
 from meridian.tools.sentinel.sources.mock import make_samples
 
 SEC = 1_000_000_000
@@ -265,3 +265,22 @@ def test_no_stack_bound() -> None:
     agg.add(make_samples(300, pid=1, ip=0x1000, user_stack_id=np.arange(300)))
     assert len([k for k in r.calls if k[0] == "stack"]) == 300
     assert all(x.callstack_id not in (UNRESOLVED, SKIPPED_STACK) for x in agg.flush())
+
+
+def test_a_window_s_answers_are_found_after_batches_merged_in_any_order() -> None:
+    """The answers (pid, ip) -> id, added batch by batch: each found with its own id,
+    a key never added not found."""
+    rng = np.random.default_rng(3)
+    pids = rng.integers(1, 50, size=3000).astype(np.uint64)
+    ips = rng.integers(0, 1 << 40, size=3000).astype(np.uint64)
+    ids = np.arange(1, 3001, dtype=np.uint64)
+    answers = _Answers()
+    for lo in range(0, 3000, 700):
+        got, found = answers.find([pids[lo : lo + 700], ips[lo : lo + 700]])
+        assert not found.any()  # new keys
+        answers.add([pids[lo : lo + 700], ips[lo : lo + 700]], ids[lo : lo + 700])
+    order = rng.permutation(3000)
+    got, found = answers.find([pids[order], ips[order]])
+    assert found.all() and (got == ids[order]).all()
+    got, found = answers.find([np.array([99], dtype=np.uint64), np.array([1], dtype=np.uint64)])
+    assert not found.any() and got.tolist() == [0]

@@ -91,15 +91,19 @@ class _Answers:
         return np.where(found, self._ids[at], np.uint64(0)), found
 
     def add(self, keys: list[Array], ids: Array) -> None:
+        """New rows merged into the sorted answers: only they are sorted (the window's
+        answers grow batch by batch, and sorting them all again made each batch cost
+        more than the one before)."""
         if not len(ids):
             return
-        hashes = np.concatenate([self._hashes, row_hash(*keys)])
+        hashes = row_hash(*keys)
         order = np.argsort(hashes, kind="stable")
-        self._hashes = hashes[order]
+        at = np.searchsorted(self._hashes, hashes[order])
+        self._hashes = np.insert(self._hashes, at, hashes[order])
         if not self._keys:
             self._keys = [np.zeros(0, dtype=np.uint64) for _ in keys]
-        self._keys = [np.concatenate([m, k])[order] for m, k in zip(self._keys, keys, strict=True)]
-        self._ids = np.concatenate([self._ids, ids.astype(np.uint64)])[order]
+        self._keys = [np.insert(m, at, k[order]) for m, k in zip(self._keys, keys, strict=True)]
+        self._ids = np.insert(self._ids, at, ids.astype(np.uint64)[order])
 
 
 def _resolve(
