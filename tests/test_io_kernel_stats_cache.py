@@ -104,6 +104,34 @@ def test_collisions_go_to_the_hash_and_a_retired_entry_is_taken_over(tmp_path: P
         end_child(b)
 
 
+def test_an_exited_process_s_entry_goes_to_the_next_one_and_its_counts_stay(
+    tmp_path: Path,
+) -> None:
+    """stats() hands an exited owner's entry back to the kernel at once, its numbers
+    kept in user space until the process is retired: the next process counts in the
+    cache, not the hash, and nothing is lost or counted twice."""
+    path = tmp_path / "data.bin"
+    path.write_bytes(os.urandom(4096))
+    path.read_bytes()
+    with child(path) as a, child(path) as b, FileIO(Options(), cache_ways=1) as tool:
+        go(a)
+        assert owners(tool) == {a.pid}
+        end_child(a)
+        got = summarize(*tool.stats())  # a is gone: its entry handed back
+        assert got[a.pid].total("read").ops == PREADS
+        assert not owners(tool) and a.pid not in in_hash(tool)
+        go(b)
+        got = summarize(*tool.stats())
+        assert got[a.pid].total("read").ops == PREADS
+        assert got[b.pid].total("read").ops == PREADS
+        assert owners(tool) == {b.pid} and b.pid not in in_hash(tool)
+        keys, _ = tool.stats()
+        assert tool.forget_stats(keys[keys["pid"] == a.pid]) == 1  # retired at last
+        got = summarize(*tool.stats())
+        assert a.pid not in got and got[b.pid].total("read").ops == PREADS
+        end_child(b)
+
+
 def test_a_process_takes_the_neighbouring_way_when_its_own_is_taken(tmp_path: Path) -> None:
     """Two ways a CPU: whichever way the second process hashes to, it finds one free
     (its own or the neighbour); a third finds both taken and goes to the hash."""

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from meridian.tools.io.model import PidSummary, summarize
-from meridian.tools.io.stats_cache import CLAIMING, entry_keys, live, merge
+from meridian.tools.io.stats_cache import CLAIMING, entry_keys, exited, live, merge
 
 KEY = np.dtype([("pid", "<u4"), ("op", "<u4"), ("cached", "<u4"), ("start", "<u4")])
 BUCKETS = 496
@@ -96,3 +96,15 @@ def test_no_entries_leave_the_hash_as_it_is() -> None:
     vals = np.zeros((1, NCPUS), dtype=STATS)
     mk, mv = merge(keys, vals, np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=CACHED), WAYS)
     assert mk is keys and mv is vals
+
+
+def test_exited_asks_once_a_process_and_marks_each_of_its_entries() -> None:
+    asked: list[tuple[int, int]] = []
+
+    def alive(pid: int, start: int) -> bool:
+        asked.append((pid, start))
+        return pid != 7
+
+    tags = np.array([7 << 32 | 5, 8 << 32 | 5, 7 << 32 | 5, 9 << 32 | 1], dtype=np.uint64)
+    assert exited(tags, alive).tolist() == [True, False, True, False]
+    assert sorted(asked) == [(7, 5), (8, 5), (9, 1)]

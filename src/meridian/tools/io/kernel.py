@@ -20,7 +20,8 @@ from ...proc import CLOCK_TICK_NS, thread_slots
 from ...session import Session
 from .names import NameCache
 from .options import Options
-from .stats_cache import CACHE_WAYS, entry_keys, live, merge
+from .pid_table import ProcessAlive
+from .stats_cache import CACHE_WAYS, entry_keys, exited, live, merge
 
 __all__ = ["BLOCK", "SIGNALS", "STRATEGIES", "SYSCALLS", "WRITEBACK", "FileIO"]
 
@@ -78,6 +79,9 @@ class FileIO(Session):
         self.selected: list[str] = []
         self.names = NameCache(forget=self._forget)  # the kernel's paths, per inode
         self.names_ring: RingBuffer | None = None
+        self.alive = ProcessAlive()
+        self.folded_idx = np.zeros(0, dtype=np.uint32)  # _fold_exited(): entries kept here
+        self.folded: np.ndarray[Any, Any] | None = None
 
     def programs(self, obj: BpfObject) -> list[str]:
         """The strategy's programs whose hooks this kernel has, plus the disk signals."""
@@ -138,8 +142,40 @@ class FileIO(Session):
         """Keys and per-CPU values of the aggregates (model.summarize sums them): the
         hash's, and the per-CPU cache's live entries as more columns (stats_cache.py)."""
         keys, vals = self._items("stats")
-        idx, entries = self.cache_entries()
+        idx, entries = self._fold_exited(*self.cache_entries())
+        if self.folded is not None and len(self.folded):
+            idx = np.concatenate([idx, self.folded_idx])
+            entries = np.concatenate([entries, self.folded])
         return merge(keys, vals, idx, entries, self.cache_ways)
+
+    def _fold_exited(
+        self, idx: np.ndarray[Any, Any], entries: np.ndarray[Any, Any]
+    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """The live entries (`idx`, `entries`) less those of exited processes, which
+        from now on are kept here and the kernel may claim again: an exited process's
+        ways go to the next process now, not after its retirement (`--grace`, 30 s),
+        while its numbers stay in stats() until then. Their numbers are final, read
+        again once the owner is gone (it may have counted more after the first read);
+        at most max_pids entries are kept here, the rest wait in the kernel."""
+        gone = exited(entries["tag"], self.alive)
+        if not gone.any():
+            return idx, entries
+        assert self.obj is not None
+        cache, retired = self.obj.maps["stats_cache"], self.obj.maps["stats_retired"]
+        held = 0 if self.folded is None else len(self.folded)
+        moved: list[int] = []
+        for j in np.flatnonzero(gone)[: max(0, self.opts.max_pids - held)].tolist():
+            i = np.uint32(idx[j])
+            entries[j] = cache.lookup(i)  # same tag: only a retired entry is claimed
+            retired.update(i, entries[j]["tag"])
+            moved.append(j)
+        self.folded_idx = np.concatenate([self.folded_idx, idx[moved]])
+        self.folded = (
+            entries[moved] if self.folded is None else np.concatenate([self.folded, entries[moved]])
+        )
+        keep = np.ones(len(idx), dtype=bool)
+        keep[moved] = False
+        return idx[keep], entries[keep]
 
     def cache_entries(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """The live entries of the per-CPU cache: their indices and values."""
@@ -169,6 +205,11 @@ class FileIO(Session):
             if k.tobytes() in gone:
                 retired.update(np.uint32(i), np.uint64(tag))
                 found.add(k.tobytes())
+        if self.folded is not None and len(self.folded):
+            fkeys = entry_keys(self.folded_idx, self.folded["tag"], keys.dtype)
+            drop = np.array([k.tobytes() in gone for k in fkeys], dtype=bool)
+            found.update(k.tobytes() for k in fkeys[drop])
+            self.folded_idx, self.folded = self.folded_idx[~drop], self.folded[~drop]
         return len(found)
 
     def disk_stats(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:

@@ -4,15 +4,19 @@ to the hash's as more per-CPU columns of their keys, so that summarize() and all
 after it see one snapshot per key. Entries never move into the hash: an entry's
 numbers are counted once, from the entry. A process user space has retired (gone,
 summarized) has its entries marked in `stats_retired`: the kernel may claim them
-again, and they are no longer read."""
+again, and they are no longer read. An exited owner's entries are marked as soon as
+it is seen gone, their final numbers kept in user space until its retirement
+(FileIO._fold_exited), so that a short-lived process (a compiler, bpftool) does not
+keep its ways from the next one for the whole grace period."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["CACHE_WAYS", "CLAIMING", "entry_keys", "live", "merge"]
+__all__ = ["CACHE_WAYS", "CLAIMING", "entry_keys", "exited", "live", "merge"]
 
 Array = np.ndarray[Any, Any]
 
@@ -25,6 +29,16 @@ def live(idx: Array, entries: Array, retired: Array) -> Array:
     owned, not being claimed, not retired (`retired`: stats_retired, by index)."""
     tags = entries["tag"]
     out: Array = (tags != 0) & (tags != CLAIMING) & (tags != retired[idx])
+    return out
+
+
+def exited(tags: Array, alive: Callable[[int, int], bool]) -> Array:
+    """Which entries' owners (by their tags, pid << 32 | start) have exited, as
+    `alive(pid, start)` tells, asked once a process."""
+    answer: dict[int, bool] = {}
+    for tag in set(tags.tolist()):
+        answer[tag] = not alive(tag >> 32, tag & 0xFFFFFFFF)
+    out: Array = np.array([answer[t] for t in tags.tolist()], dtype=bool)
     return out
 
 
