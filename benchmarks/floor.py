@@ -14,7 +14,8 @@ more: each entry-side program reads the clock into its CPU's slot (a global, no 
 call), each exit-side one (perf-event programs included: memlat's fault ends) reads it
 again and adds the difference to its CPU's sum; the tool's other hooks stay empty.
 The latency floor: below it, a tool would have to time its operations without two
-clock reads.
+clock reads. For sentinel, whose packets carry the time they were seen, each packet
+hook reads the clock once (and its sampling program, which reads it too).
 
 Prints "strategy: floor of TOOL (...)" on stderr once attached (the line the
 benchmarks wait for, as for `meridian TOOL -v`), then waits for SIGINT or SIGTERM.
@@ -114,6 +115,21 @@ def starts(section: str) -> bool:
     )
 
 
+PACKET_HOOKS = (
+    "xdp",
+    "fentry/__dev_queue_xmit",
+    "tp_btf/netif_receive_skb",
+    "tp_btf/net_dev_start_xmit",
+)
+
+
+def stamps(section: str) -> bool:
+    """A packet hook of sentinel's: every packet carries the time it was seen (the
+    seed's <tsc, flow> history, which samples match within the skid window), so its
+    floor with --clock reads the clock once a packet."""
+    return section in PACKET_HOOKS
+
+
 def source(sections: list[str], perf: int, reserve: bool, clock: bool = False) -> str:
     """One empty program per section (XDP passes the packet), `perf` perf-event ones;
     `clock`: the latency floor (module docstring)."""
@@ -127,13 +143,13 @@ def source(sections: list[str], perf: int, reserve: bool, clock: bool = False) -
         out.append("__u64 t0[64], sum[64];")
     for i, sec in enumerate(sections):
         body = "return 0;"
-        if sec == "xdp":
-            body = "return XDP_PASS;"
-        elif reserve and emits(sec):
+        if reserve and emits(sec):
             body = f"void *r = bpf_ringbuf_reserve(&rb, {RESERVE_BYTES}, 0);"
             body += " if (r) bpf_ringbuf_discard(r, 0); return 0;"
         elif clock:
-            body = CLOCK_END if emits(sec) else CLOCK_START if starts(sec) else body
+            body = CLOCK_END if emits(sec) else CLOCK_START if starts(sec) or stamps(sec) else body
+        if sec == "xdp":
+            body = body.replace("return 0;", "return XDP_PASS;")
         out.append(f'SEC("{sec}") int floor_{i}(void *ctx) {{ {body} }}')
     for i in range(perf):
         body = CLOCK_END if clock else "return 0;"

@@ -264,6 +264,7 @@ def throughput(cycles: int) -> None:
     JSON file for another look."""
     tracers = {
         "floor (sentinel's hooks, empty; cpu-clock 99 Hz)": floor("sentinel"),
+        "clock floor (a clock read a packet and a sample)": floor("sentinel", clock=True),
         "sentinel mode (cpu-clock 99 Hz)": [*MERIDIAN, "--metrics-port", "0"],
         "diagnostic mode": [*MERIDIAN, "--metrics-port", "0", "--mode", "diagnostic"],
     }
