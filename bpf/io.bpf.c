@@ -3,7 +3,7 @@
  * and whether the page cache served it.
  *
  * Four strategies for the syscall side, picked at run time by autoload:
- *   fentry_* / fexit_*: the kernel functions below the syscalls that still take the fd;
+ *   fentry_* / fexit_*: trampolines on the syscalls' own functions (__x64_sys_*);
  *   ks_* / kr_*:        kprobes on the syscalls (libbpf's ksyscall);
  *   raw_*:              tp_btf raw syscalls sys_enter/sys_exit with a syscall-id filter;
  *   tp_*:               the syscalls:sys_enter_* / sys_exit_* tracepoints.
@@ -299,13 +299,12 @@ static __always_inline void enter_copy(int in_fd, __s64 in_pos, int out_fd, __s6
 	}
 }
 
-/* An offset behind a pointer, a user's or the kernel's, -1 (the file's own) for NULL. */
-static __always_inline __s64 read_pos(const loff_t *p, bool user)
+/* An offset behind a user's pointer, -1 (the file's own) for NULL. */
+static __always_inline __s64 read_pos(const loff_t *p)
 {
 	loff_t pos = -1;
 
-	if (p && (user ? bpf_probe_read_user(&pos, sizeof(pos), p)
-		       : bpf_probe_read_kernel(&pos, sizeof(pos), p)))
+	if (p && bpf_probe_read_user(&pos, sizeof(pos), p))
 		pos = -1;
 	return pos;
 }

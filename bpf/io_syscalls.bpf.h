@@ -45,7 +45,7 @@ enum { NR_read = 0, NR_write = 1, NR_pread64 = 17, NR_pwrite64 = 18, NR_readv = 
        NR_pwritev2 = 328, NR_sendfile64 = 40, NR_copy_file_range = 326 };
 #define SYSCALL_NR(regs) ((regs)->orig_ax)
 #define SYSCALL_ARGS(regs) { (regs)->di, (regs)->si, (regs)->dx, (regs)->r10, (regs)->r8 }
-#define SYS_COPY_FILE_RANGE "__x64_sys_copy_file_range"
+#define SYS_PREFIX "__x64_sys_"
 #elif defined(__TARGET_ARCH_arm64)
 enum { NR_read = 63, NR_write = 64, NR_readv = 65, NR_writev = 66, NR_pread64 = 67,
        NR_pwrite64 = 68, NR_preadv = 69, NR_pwritev = 70, NR_preadv2 = 286,
@@ -53,7 +53,7 @@ enum { NR_read = 63, NR_write = 64, NR_readv = 65, NR_writev = 66, NR_pread64 = 
 #define SYSCALL_NR(regs) ((regs)->syscallno)
 #define SYSCALL_ARGS(regs) { (regs)->orig_x0, (regs)->regs[1], (regs)->regs[2],     \
 			     (regs)->regs[3], (regs)->regs[4] }
-#define SYS_COPY_FILE_RANGE "__arm64_sys_copy_file_range"
+#define SYS_PREFIX "__arm64_sys_"
 #endif
 
 extern _Bool LINUX_HAS_SYSCALL_WRAPPER __kconfig;
@@ -65,8 +65,6 @@ enum args_at {
 	AT_KSYSCALL,	/* a kprobe on the syscall: its own registers */
 	AT_WRAPPED,	/* a kprobe on the syscall's wrapper: the user registers behind
 			 * its argument, read with helpers (as libbpf's BPF_KSYSCALL) */
-	AT_FENTRY,	/* a kernel function that takes the syscall's arguments in order
-			 * (do_sendfile's offset pointer is the kernel's copy) */
 };
 
 /* ctx->args[n] with a literal index: args is a CO-RE access (vmlinux.h), and an index
@@ -91,8 +89,6 @@ static __always_inline unsigned long sys_arg(enum args_at at, void *ctx, int n)
 	switch (at) {
 	case AT_TRACEPOINT:
 		return tp_arg(ctx, n);
-	case AT_FENTRY:
-		return ((unsigned long long *)ctx)[n];
 	case AT_REGS: {
 #ifdef SYSCALL_NR
 		unsigned long args[5] = SYSCALL_ARGS(regs);
@@ -132,13 +128,13 @@ static __always_inline void enter_sys(__u8 kind, enum args_at at, void *ctx)
 		return;
 #define ARG(n) sys_arg(at, ctx, n)
 	if (kind & K_SENDFILE) {
-		enter_copy((int)ARG(1), read_pos((const loff_t *)ARG(2), at != AT_FENTRY),
+		enter_copy((int)ARG(1), read_pos((const loff_t *)ARG(2)),
 			   (int)ARG(0), -1, ARG(3));
 		return;
 	}
 	if (kind & K_COPY) {
-		enter_copy((int)ARG(0), read_pos((const loff_t *)ARG(1), true), (int)ARG(2),
-			   read_pos((const loff_t *)ARG(3), true), ARG(4));
+		enter_copy((int)ARG(0), read_pos((const loff_t *)ARG(1)), (int)ARG(2),
+			   read_pos((const loff_t *)ARG(3)), ARG(4));
 		return;
 	}
 	count = ARG(2);
@@ -219,47 +215,30 @@ int BPF_PROG(raw_exit, struct pt_regs *regs, long ret)
 }
 #endif
 
-/* ---- fentry strategy: the syscall bodies that take the fd ----------------------------
- * ksys_read/ksys_write, ksys_pread64/ksys_pwrite64, do_readv/do_writev (readv, writev),
- * do_preadv/do_pwritev (preadv, preadv2, pwritev, pwritev2), do_sendfile, and the
- * copy_file_range syscall itself. They sit right above vfs_read/vfs_write/vfs_readv/
- * vfs_writev and, unlike those, still have the fd, so events carry the real fd as on the
- * tracepoint path. vfs_iter_read/vfs_iter_write are not hooked: only kernel users call
- * them (the loop device's worker, overlayfs, nfsd), and under overlayfs they would count
- * a user's read twice. A trampoline costs less than a syscall tracepoint.
- *
- * FENTRY_AT(name, hook, syscall, at, nargs): fentry_NAME and fexit_NAME on the kernel
- * function HOOK, a SYSCALL's body, with its arguments AT; fexit reads the return value
- * after the function's NARGS arguments. FENTRY: a function taking the syscall's. */
-
-#define FENTRY_AT(name, hook, syscall, at, nargs)                           \
-	SEC("fentry/" hook)                                                 \
+#ifdef SYSCALL_NR
+/* ---- fentry strategy: each syscall's own function ------------------------------------
+ * __x64_sys_NAME (__arm64_sys_NAME), which the syscall table calls, so no compiler
+ * inlines it; its one argument is the user registers, read as the raw strategy reads
+ * them. Not the bodies below it that take the fd (ksys_pread64, do_readv...): Debian's
+ * 6.1 and 6.12 inline ksys_pread64 and ksys_pwrite64 into their syscalls, keeping a copy
+ * only for the 32-bit compat calls, so a trampoline there attached and never ran (every
+ * pread went uncounted), and another build may inline others. A trampoline still costs
+ * less than a syscall tracepoint. fexit reads the return value after the argument. */
+#define FENTRY_SYS(name, kind)                                              \
+	SEC("fentry/" SYS_PREFIX #name)                                     \
 	int fentry_##name(unsigned long long *ctx)                          \
 	{                                                                   \
-		enter_sys(KIND_##syscall, at, at == AT_REGS ? (void *)ctx[0] : ctx); \
+		enter_sys(kind, AT_REGS, (void *)ctx[0]);                   \
 		return 0;                                                   \
 	}                                                                   \
-	SEC("fexit/" hook)                                                  \
+	SEC("fexit/" SYS_PREFIX #name)                                      \
 	int fexit_##name(unsigned long long *ctx)                           \
 	{                                                                   \
-		finish_op((long)ctx[nargs]);                                \
+		finish_op((long)ctx[1]);                                    \
 		return 0;                                                   \
 	}
-#define FENTRY(fn, syscall, nargs) FENTRY_AT(fn, #fn, syscall, AT_FENTRY, nargs)
 
-FENTRY(ksys_read, read, 3)
-FENTRY(ksys_write, write, 3)
-FENTRY(ksys_pread64, pread64, 4)
-FENTRY(ksys_pwrite64, pwrite64, 4)
-FENTRY(do_readv, readv, 4)		/* fd, vec, vlen, flags */
-FENTRY(do_writev, writev, 4)
-FENTRY(do_preadv, preadv, 5)		/* fd, vec, vlen, pos, flags */
-FENTRY(do_pwritev, pwritev, 5)
-FENTRY(do_sendfile, sendfile64, 5)	/* out_fd, in_fd, ppos, count, max */
-#ifdef SYSCALL_NR
-/* copy_file_range has no fd-taking helper below the syscall: hook the syscall itself,
- * whose one argument is the user registers. */
-FENTRY_AT(copy_file_range, SYS_COPY_FILE_RANGE, copy_file_range, AT_REGS, 1)
+IO_SYSCALLS(FENTRY_SYS)
 #endif
 
 #endif /* MERIDIAN_IO_SYSCALLS_BPF_H */

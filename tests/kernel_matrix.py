@@ -35,7 +35,9 @@ VENV_BIN = REPO / ".venv" / "bin"
 # (tests/strategies.py), and each tool's strategy choice and doctor against the facts.
 DEFAULT_TESTS = (
     "tests/test_io_kernel_strategy.py::test_dd_reads_of_one_file_under_every_strategy",
+    "tests/test_io_kernel_strategy.py::test_every_read_and_write_syscall_under_every_strategy",
     "tests/test_io_kernel_strategy.py::test_sendfile_and_copy_file_range",
+    "tests/test_io_kernel_stats_cache.py",
     "tests/test_syscalls_kernel.py::test_openat_calls_of_cat_equal_straces",
     "tests/test_memlat_kernel.py::test_minor_faults_equal_the_childs_getrusage",
     "tests/test_memlat_kernel.py::test_failed_faults_are_counted_exactly",

@@ -28,19 +28,10 @@ __all__ = ["BLOCK", "SIGNALS", "STRATEGIES", "SYSCALLS", "WRITEBACK", "FileIO"]
 SYSCALLS: tuple[str, ...] = ("read", "pread64", "readv", "preadv", "preadv2")
 SYSCALLS += ("write", "pwrite64", "writev", "pwritev", "pwritev2")
 SYSCALLS += ("sendfile64", "copy_file_range")  # a read of the source, a write of the target
-# fentry/kprobe hook the syscall bodies that still have the fd (see io.bpf.c).
-FENTRY_FNS: tuple[str, ...] = (
-    "ksys_read",
-    "ksys_write",
-    "ksys_pread64",
-    "ksys_pwrite64",
-    "do_readv",
-)
-FENTRY_FNS += ("do_writev", "do_preadv", "do_pwritev", "do_sendfile", "copy_file_range")
 STRATEGIES = (
     Strategy(
         "fentry",
-        tuple(f"{k}_{f}" for f in FENTRY_FNS for k in ("fentry", "fexit")),
+        tuple(f"{k}_{s}" for s in SYSCALLS for k in ("fentry", "fexit")),  # each syscall's own
         ("fentry", "tp_btf"),
     ),
     Strategy(
