@@ -10,10 +10,14 @@ kernel's accounting itself costs a few tens of ns per run, included in every num
 With --floors, each round also measures the tool's floors at the same hooks
 (benchmarks/floor.py): empty programs, and the latency floor (two clock reads).
 
+Arguments after `--` go to the tool (`io ... -- --no-events`); syscalls traces every
+process into /dev/null (`-q -w /dev/null`), the loop being the one making calls.
+
 Run as root from the repository:
   .venv/bin/python benchmarks/progstats.py memlat [rounds] [--floors]
   .venv/bin/python benchmarks/progstats.py runqlat [rounds]
-  .venv/bin/python benchmarks/progstats.py io [rounds] [--floors]
+  .venv/bin/python benchmarks/progstats.py io [rounds] [--floors] [-- --no-events]
+  .venv/bin/python benchmarks/progstats.py syscalls [rounds] [--floors]
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from _rounds import compile_c, floor, wait_ready
 from io_bench import LOOP_C, loop
 from memlat_bench import touch
 from runqlat_bench import pingpong
+from syscalls_bench import LOOP_C as SYSCALLS_LOOP_C
+from syscalls_bench import build, run_loop
 
 ROOT = Path(__file__).resolve().parent.parent
 MERIDIAN = str(ROOT / ".venv" / "bin" / "meridian")
@@ -56,11 +62,27 @@ def preads(seconds: float) -> float:
     return loop(*pread_loop(), seconds)
 
 
+@functools.cache
+def syscalls_loop() -> tuple[Path, Path]:
+    """syscalls_bench's openat+fstat+close loop, compiled once, and its file."""
+    work = Path(tempfile.mkdtemp(prefix="progstats-"))
+    atexit.register(shutil.rmtree, work, True)
+    return build(work, "scloop", SYSCALLS_LOOP_C)
+
+
+def calls(seconds: float) -> float:
+    """syscalls_bench's loop: iterations (openat, fstat, close) per second."""
+    exe, target = syscalls_loop()
+    return run_loop([str(exe), str(target), str(seconds)])[0]
+
+
 WORKLOADS: dict[str, Callable[[float], float]] = {
     "memlat": touch,
     "runqlat": pingpong,
     "io": preads,
+    "syscalls": calls,
 }
+TOOL_ARGS = {"syscalls": ["-q", "-w", os.devnull]}  # the tool's own arguments
 
 
 def prog_ids(pid: int) -> set[int]:
@@ -92,7 +114,7 @@ def measure(
 ) -> tuple[float, dict[str, tuple[float, int]]]:
     """(workload rate, {program: (ns per run, runs)}) for one run of the workload under
     `cmd` (default: the tool itself)."""
-    cmd = cmd or [MERIDIAN, tool, "-v"]
+    cmd = cmd or [MERIDIAN, tool, "-v", *TOOL_ARGS.get(tool, [])]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         assert p.stderr is not None
@@ -113,11 +135,15 @@ def measure(
 
 
 def main() -> int:
-    args = [a for a in sys.argv[1:] if a != "--floors"]
+    argv, extra = sys.argv[1:], []
+    if "--" in argv:
+        argv, extra = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+    args = [a for a in argv if a != "--floors"]
     tool = args[0] if args else "memlat"
     rounds = int(args[1]) if len(args) > 1 else 3
-    configs: dict[str, list[str] | None] = {tool: None}
-    if "--floors" in sys.argv:
+    own = [MERIDIAN, tool, "-v", *TOOL_ARGS.get(tool, []), *extra]
+    configs: dict[str, list[str] | None] = {" ".join([tool, *extra]): own}
+    if "--floors" in argv:
         configs = {"empty": floor(tool), "latency floor": floor(tool, clock=True), **configs}
     old = SYSCTL.read_text().strip()
     SYSCTL.write_text("1")
