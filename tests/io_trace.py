@@ -1,14 +1,18 @@
 """Shared by the io kernel tests: the events of one process read from a FileIO, the
-names of the operations, the end of a child workload, and the command."""
+names of the operations, a child workload (started, told to go, ended), and the
+command."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from children import reap
 
 from meridian.tools.io.kernel import FileIO
 
@@ -26,6 +30,29 @@ def drain(tool: FileIO, pid: int, want: int, timeout: float = 5.0) -> np.ndarray
         if sum(map(len, got)) >= want:
             break
     return np.concatenate(got) if got else np.empty(0)
+
+
+@contextlib.contextmanager
+def ready_child(script: str, args: list[Any]) -> Iterator[subprocess.Popen[bytes]]:
+    """A child running `script` with `args`, once it has said "ready"; reaped after."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", script, *map(str, args)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        yield p
+    finally:
+        reap(p)
+
+
+def go(p: subprocess.Popen[bytes]) -> bytes:
+    """Tell the child to go; the line it answers with when done."""
+    assert p.stdin is not None and p.stdout is not None
+    p.stdin.write(b"go\n")
+    p.stdin.flush()
+    return p.stdout.readline()
 
 
 def end_child(p: subprocess.Popen[bytes]) -> None:

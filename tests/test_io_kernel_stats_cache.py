@@ -9,14 +9,12 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from children import reap
-from io_trace import end_child
+from io_trace import end_child, ready_child
+from io_trace import go as tell
 
 from meridian.tools.io.kernel import FileIO
 from meridian.tools.io.model import summarize
@@ -38,26 +36,13 @@ sys.stdin.readline()  # exits when the test closes stdin
 """
 
 
-@contextlib.contextmanager
-def child(path: Path) -> Iterator[subprocess.Popen[bytes]]:
+def child(path: Path) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
     """A process on CPU 0 that preads `path` PREADS times when told (go())."""
-    p = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(path), str(PREADS)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
-    try:
-        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
-        yield p
-    finally:
-        reap(p)
+    return ready_child(CHILD, [path, PREADS])
 
 
 def go(p: subprocess.Popen[bytes]) -> None:
-    assert p.stdin is not None and p.stdout is not None
-    p.stdin.write(b"go\n")
-    p.stdin.flush()
-    assert p.stdout.readline() == b"done\n"
+    assert tell(p) == b"done\n"
 
 
 def owners(tool: FileIO) -> set[int]:

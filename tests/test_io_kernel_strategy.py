@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from children import patience, reap
-from io_trace import OPS, drain, end_child, io_cli
+from io_trace import OPS, drain, end_child, go, io_cli, ready_child
 from strategies import every, run_or_skip
 
 from meridian.tools.io.kernel import STRATEGIES, FileIO
@@ -88,23 +88,13 @@ def test_sendfile_and_copy_file_range(tmp_path: Path, strategy: str) -> None:
     src = tmp_path / "src.bin"
     src.write_bytes(os.urandom(65536))
     dst, dst2, dst3 = (tmp_path / n for n in ("dst.bin", "dst2.bin", "dst3.bin"))
-    p = subprocess.Popen(
-        [sys.executable, "-c", COPIER, *map(str, (src, dst, dst2, dst3))],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
-    try:
-        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+    with ready_child(COPIER, [src, dst, dst2, dst3]) as p:
         with FileIO(Options(pids=[p.pid], strategy=strategy)) as tool:
-            assert p.stdin is not None
-            p.stdin.write(b"go\n")
-            p.stdin.flush()
-            n_file, n_sock, n_copy, n_zero, fs, fd, fd2, fd3 = map(int, p.stdout.readline().split())
+            said = go(p)
+            n_file, n_sock, n_copy, n_zero, fs, fd, fd2, fd3 = map(int, said.split())
             events = drain(tool, p.pid, 5 + (n_zero > 0), timeout=patience(3.0))
             stats = summarize(*tool.stats())
         end_child(p)
-    finally:
-        reap(p)
     assert (n_file, n_sock, n_copy) == (65536, 12288, 32768) and n_zero in (0, 8192)
     ino = {f: f.stat().st_ino for f in (src, dst, dst2, dst3)}
     got = sorted((OPS[int(e["op"])], int(e["fd"]), int(e["ino"]), int(e["bytes"])) for e in events)
@@ -165,22 +155,11 @@ def test_every_read_and_write_syscall_under_every_strategy(tmp_path: Path, strat
     files = [tmp_path / f"{name}.bin" for name in CALLS]
     for f in files:
         f.write_bytes(os.urandom(4096))
-    p = subprocess.Popen(
-        [sys.executable, "-c", CALLER, *map(str, files)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
-    try:
-        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+    with ready_child(CALLER, files) as p:
         with FileIO(Options(pids=[p.pid], strategy=strategy)) as tool:
-            assert p.stdin is not None
-            p.stdin.write(b"go\n")
-            p.stdin.flush()
-            assert p.stdout.readline() == b"done\n"
+            assert go(p) == b"done\n"
             events = drain(tool, p.pid, len(CALLS) * TIMES, timeout=patience(3.0))
         end_child(p)
-    finally:
-        reap(p)
     by_file = {f.stat().st_ino: name for name, f in zip(CALLS, files, strict=True)}
     got: dict[str, list[tuple[str, int]]] = {name: [] for name in CALLS}
     for e in events:
