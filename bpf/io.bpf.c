@@ -101,21 +101,17 @@ HIST_MAP_DEF(stats, BPF_MAP_TYPE_PERCPU_HASH, struct fileio_key, struct fileio_s
  * inlined instructions) and the CPU's id (inlined on x86 since 6.10), not the hash
  * lookup (a helper call and a hash: most of what io costs a pread above two clock
  * reads). Entries never move into the hash, so user space adds each live entry to its
- * key's per-CPU values and never counts one twice. A free entry is claimed with a compare-and-swap (through a "being claimed"
- * tag, so a preempted claimer and the owner never write one entry at once); one owned
- * by another live process sends the operation to the hash, as before; one whose owner
- * user space has retired (its tag in `stats_retired`: summarized, the process gone) is
+ * key's per-CPU values and never counts one twice. A free entry is claimed with a
+ * compare-and-swap (through a "being claimed" tag, so a preempted claimer and the owner
+ * never write one entry at once); one owned by another live process sends the operation
+ * to the hash, as before; one whose owner user space has let go (its tag in
+ * `stats_retired`: the process gone, its numbers read and kept in user space) is
  * claimed again. User space never writes an entry. */
 #define STATS_CLAIMING (~0ULL)
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);		/* resized: possible CPUs x cache_ways x 4 */
-	__type(key, __u32);
-	__type(value, struct fileio_cached);
-} stats_cache SEC(".maps");
-
-MAP_DEF(stats_retired, BPF_MAP_TYPE_ARRAY, __u32, __u64, 1);	/* resized alike */
+/* Both resized by user space: possible CPUs x cache_ways x 4 entries. */
+MAP_DEF(stats_cache, BPF_MAP_TYPE_ARRAY, __u32, struct fileio_cached, 1);
+MAP_DEF(stats_retired, BPF_MAP_TYPE_ARRAY, __u32, __u64, 1);
 
 const volatile __u32 cache_ways = 0;	/* a power of two; 0: no cache */
 
