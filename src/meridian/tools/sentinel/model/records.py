@@ -204,8 +204,8 @@ class SampleSource(Protocol):
         """flow_id -> 5-tuple, for the flows first seen since the last call."""
         ...
 
-    def stack_ips(self, stack_id: int) -> tuple[int, ...]:
-        """Frames of a stack id, () if gone."""
+    def stack_ips(self, stack_id: int, first: int | None = None) -> tuple[int, ...]:
+        """Frames of a stack id, () if gone or if they do not start at `first`."""
         ...
 
     def dropped(self) -> dict[str, int]:

@@ -32,11 +32,14 @@ __all__ = [
 
 # Ids that name nothing but say why (the symbolizer's ids count up from 1).
 UNRESOLVED_STACK = UNRESOLVED
-GONE_STACK = (1 << 64) - 2  # its frames left the kernel's stack map before they were read
+# Its frames left the kernel's stack map before they were read, or the id named
+# another's (the kernel's lookup race: sources/stackmaps.py).
+GONE_STACK = (1 << 64) - 2
+KERNEL_SPACE = 1 << 63  # x86_64 and arm64: kernel addresses have the top bit set
 UNRESOLVED_LABEL = "[unresolved: symbols not read yet]"
 STACK_LABELS = {
     UNRESOLVED_STACK: UNRESOLVED_LABEL,
-    GONE_STACK: "[stack gone: recycled before it was read]",
+    GONE_STACK: "[stack gone: recycled or overwritten before it was read]",
     SKIPPED_STACK: "[stacks not read: over the window's budget of new stacks]",
 }
 
@@ -59,7 +62,9 @@ class SymbolResolver:
     `idle_function_ids()`: the kernel's idle functions (the aggregator charges a
     sample in them to no flow)."""
 
-    def __init__(self, symbolizer: Symbolizer, stack_ips: Callable[[int], tuple[int, ...]]):
+    def __init__(
+        self, symbolizer: Symbolizer, stack_ips: Callable[[int, int | None], tuple[int, ...]]
+    ):
         self.symbolizer = symbolizer
         self.stack_ips = stack_ips
 
@@ -78,13 +83,21 @@ class SymbolResolver:
         if user_stack_id < 0 and kernel_stack_id < 0:
             # no stack: the sampled instruction alone
             return self._stack_id(pid, [ip]) if ip else 0
+        # Each stack starts at the sampled ip where it was taken in the sample's own
+        # mode (kernel addresses have the top bit set): the check that its frames are
+        # its own. A kernel sample's user stack starts where the process entered.
+        in_kernel = ip >= KERNEL_SPACE
         ips: list[int] = []
         if kernel_stack_id >= 0:
-            ips.extend(self.stack_ips(kernel_stack_id))
+            frames = self.stack_ips(kernel_stack_id, ip if in_kernel else None)
+            if not frames:
+                return GONE_STACK
+            ips.extend(frames)
         if user_stack_id >= 0:
-            ips.extend(self.stack_ips(user_stack_id))
-        if not ips:
-            return GONE_STACK
+            frames = self.stack_ips(user_stack_id, None if in_kernel else ip)
+            if not frames:
+                return GONE_STACK
+            ips.extend(frames)
         return self._stack_id(pid, ips)
 
     def data_object_id(self, pid: int, addr: int) -> int:
