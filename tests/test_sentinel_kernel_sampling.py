@@ -352,15 +352,15 @@ def test_stacks_keep_resolving_past_the_stack_map_size() -> None:
     without frame pointers (a stack per sample, nearly) would fill it in a blink and
     every later stack would fail. The two sides in turn keep them coming: far more
     distinct stacks resolve than a side holds, late in the run too, and a stack asked
-    after its side was emptied is counted as gone, never given another's frames.
-    The kernel's own lookup race (sources/stackmaps.py) can give a sample another's
-    id: rare (with these tiny maps, once in many runs), and caught by the ip check."""
+    after its side was emptied is counted as gone, never given another's frames; the
+    kernel's own lookup race (sources/stackmaps.py) is caught before the consumer sees
+    it: rare (once in many runs with maps this small), and counted."""
     child = subprocess.Popen(["sha256sum", "/dev/zero"])
     entries = 64
     try:
         with KernelSource(CLOCK, frequency=4999, pids=[child.pid], stack_entries=entries) as src:
             resolved: list[tuple[int, ...]] = []
-            late = raced = 0
+            late = 0
             end = time.monotonic() + 3.0
             while time.monotonic() < end:
                 samples, _ = src.poll(0.02)
@@ -368,23 +368,16 @@ def test_stacks_keep_resolving_past_the_stack_map_size() -> None:
                     samples["user_stack_id"].tolist(), samples["ip"].tolist(), strict=True
                 ):
                     ips = src.stack_ips(sid) if sid >= 0 else ()
-                    if not ips:
-                        continue
-                    if ip < 1 << 63:  # a user-mode sample: its stack starts at ip
-                        checked = src.stack_ips(sid, ip)
-                        if ips[0] != ip:
-                            raced += 1
-                            assert checked == ()
-                            continue
-                        assert checked == ips
-                    resolved.append(ips)
-                    late += time.monotonic() > end - 1.0
+                    if ips:
+                        if ip < 1 << 63:  # a user-mode sample: its stack starts at ip
+                            assert ips[0] == ip
+                        resolved.append(ips)
+                        late += time.monotonic() > end - 1.0
             counts = src.stack_counts()
             assert len(set(resolved)) > 4 * entries
             assert late > entries  # the last second still resolves
             assert counts["switches"] >= 4 and counts["deleted"] > 2 * entries
-            # another's frames are the kernel's rare race, not the recycling's rule
-            assert counts["raced"] == raced <= len(resolved) // 100
+            assert counts["raced"] <= len(resolved) // 100
     finally:
         child.kill()
         child.wait()

@@ -1,6 +1,7 @@
-"""The stack maps' reader on a fake map: a stack that does not start at the sample's
-ip is another's (the kernel's lookup race, sources/stackmaps.py), counted as raced
-and never given to the sample; the resolver labels such a sample's stack as gone."""
+"""The stack maps' reader on a fake map: a sample whose ip is not the first frame of
+the stack taken in its own mode names another's frames (the kernel's lookup race,
+sources/stackmaps.py); it gets RACED_STACK_ID for both ids, is counted, and the
+resolver labels its stack as gone."""
 
 from __future__ import annotations
 
@@ -8,19 +9,19 @@ from typing import Any
 
 import numpy as np
 
+from meridian.tools.sentinel.model.records import RACED_STACK_ID
 from meridian.tools.sentinel.pipeline.resolver import GONE_STACK, SymbolResolver
 from meridian.tools.sentinel.sources.stackmaps import STACK_DEPTH, STACK_SIDE_B, StackSides
 
 KERNEL_IP = 0xFFFF_FFFF_8100_0000
+SAMPLE = np.dtype([("ip", "<u8"), ("user_stack_id", "<i8"), ("kernel_stack_id", "<i8")])
 
 
 class FakeMap:
     def __init__(self, stacks: dict[int, tuple[int, ...]]) -> None:
         self.stacks = stacks
-        self.lookups = 0
 
     def lookup(self, idx: int) -> np.ndarray[Any, Any] | None:
-        self.lookups += 1
         found = self.stacks.get(idx)
         if found is None:
             return None
@@ -34,40 +35,48 @@ class FakeObj:
         self.maps = {"ms_stacks": FakeMap(a), "ms_stacks_b": FakeMap(b)}
 
 
-def test_a_stack_that_does_not_start_at_the_ip_is_counted_as_raced() -> None:
-    obj = FakeObj({3: (0x401000, 0x402000)}, {3: (0x501000,)})
+def samples(*rows: tuple[int, int, int]) -> np.ndarray[Any, Any]:
+    return np.array(list(rows), dtype=SAMPLE)
+
+
+def test_a_sample_whose_ip_is_not_its_stack_s_first_frame_is_marked_raced() -> None:
+    user, kernel, b_side = 3, 5, 7 | STACK_SIDE_B
+    obj: Any = FakeObj({3: (0x401000, 0x402000), 5: (KERNEL_IP, KERNEL_IP + 64)}, {7: (0x501000,)})
     sides = StackSides(64)
-    assert sides.ips(obj, 3, 0x401000) == (0x401000, 0x402000)  # type: ignore[arg-type]
-    assert sides.ips(obj, 3, 0x401008) == ()  # type: ignore[arg-type]
-    assert sides.ips(obj, 3) == (0x401000, 0x402000)  # type: ignore[arg-type]
-    assert sides.ips(obj, 3 | STACK_SIDE_B, 0x501000) == (0x501000,)  # type: ignore[arg-type]
-    assert sides.ips(obj, 9, 0x401000) == ()  # type: ignore[arg-type]
-    assert obj.maps["ms_stacks"].lookups == 2  # id 3 read once, then from the cache
-    assert sides.counts()["raced"] == 1 and sides.counts()["gone"] == 1
+    first = samples((0x401000, user, -14), (KERNEL_IP, user, kernel), (0x501000, b_side, -14))
+    sides.after_poll(obj, first, 0.0)
+    assert sides.counts()["raced"] == 0  # nothing read yet: nothing to check against
+    assert sides.ips(obj, user) == (0x401000, 0x402000)
+    assert sides.ips(obj, kernel) == (KERNEL_IP, KERNEL_IP + 64)
+    assert sides.ips(obj, b_side) == (0x501000,)
+    later = samples(
+        (0x401000, user, -14),  # its own: kept
+        (0x401008, user, -14),  # a user sample on another's user stack
+        (KERNEL_IP, 9, kernel),  # its own kernel stack; its user stack is not checked
+        (KERNEL_IP + 8, user, kernel),  # a kernel sample on another's kernel stack
+        (0x501004, b_side, -14),  # on side b
+        (0x601000, 11, -14),  # an id not read yet: nothing to check
+    )
+    sides.after_poll(obj, later, 0.0)
+    raced = [RACED_STACK_ID, RACED_STACK_ID]
+    assert later[["user_stack_id", "kernel_stack_id"]].tolist() == [
+        (user, -14), tuple(raced), (9, kernel), tuple(raced), tuple(raced), (11, -14)
+    ]  # fmt: skip
+    assert sides.counts()["raced"] == 3
 
 
-class Symbols:
-    def stack_id(self, pid: int, ips: Any, cheap: bool = False, unresolved: int = 0) -> int:
-        return len(ips)  # the number of frames: which parts were joined
+def test_the_resolver_labels_a_raced_stack_gone() -> None:
+    asked: list[int] = []
 
+    def stack_ips(sid: int) -> tuple[int, ...]:
+        asked.append(sid)
+        return (0x401000,)
 
-def test_the_resolver_checks_the_stack_taken_in_the_sample_s_own_mode() -> None:
-    """A kernel sample: its kernel stack must start at the ip, its user stack is not
-    checkable. A user sample: its user stack must start at the ip. A part that fails
-    labels the whole stack gone, not a stack with a part missing."""
-    stacks = {1: (KERNEL_IP, KERNEL_IP + 64), 2: (0x401000, 0x402000, 0x403000)}
-    asked: list[tuple[int, int | None]] = []
-
-    def stack_ips(sid: int, first: int | None) -> tuple[int, ...]:
-        asked.append((sid, first))
-        found = stacks.get(sid, ())
-        return () if first is not None and found[:1] != (first,) else found
+    class Symbols:
+        def stack_id(self, pid: int, ips: Any, cheap: bool = False, unresolved: int = 0) -> int:
+            return 42
 
     r = SymbolResolver(Symbols(), stack_ips)  # type: ignore[arg-type]
-    assert r.callstack_id(7, 2, 1, KERNEL_IP) == 5
-    assert asked == [(1, KERNEL_IP), (2, None)]
-    assert r.callstack_id(7, 2, 1, KERNEL_IP + 8) == GONE_STACK
-    assert r.callstack_id(7, 2, -2, 0x401000) == 3
-    assert asked[-1] == (2, 0x401000)
-    assert r.callstack_id(7, 2, -2, 0x401004) == GONE_STACK
-    assert r.callstack_id(7, 3, 1, KERNEL_IP) == GONE_STACK  # the user part is gone
+    assert r.callstack_id(7, RACED_STACK_ID, RACED_STACK_ID, 0x401008) == GONE_STACK
+    assert asked == []
+    assert r.callstack_id(7, 3, -14, 0x401000) == 42

@@ -190,7 +190,7 @@ def test_resolver_labels_what_it_did_not_resolve() -> None:
             return None if stack_id == WAITING else stack_id
 
     sym = Cheap()
-    r = SymbolResolver(sym, lambda sid, first: (0x1000,) if sid == 1 else ())  # type: ignore[arg-type]
+    r = SymbolResolver(sym, lambda sid: (0x1000,) if sid == 1 else ())  # type: ignore[arg-type]
     assert r.function_ids([1], [0x1000]) == [UNRESOLVED]
     assert r.callstack_id(1, 1, -14, 0x1000) == UNRESOLVED
     assert r.callstack_id(1, 2, -14, 0x1000) == GONE_STACK  # id 2: frames gone

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import signal
 import sys
 from collections.abc import Callable
@@ -47,6 +48,9 @@ def _sigterm(signum: int, frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A crash in native code (libbpf through ctypes) prints every thread's Python
+    # stack to stderr: what a bug report needs (CI once saw a bare SIGSEGV at exit).
+    faulthandler.enable()
     parser = build_parser()
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm)

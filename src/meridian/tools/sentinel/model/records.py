@@ -33,6 +33,7 @@ __all__ = [
     "HISTORY_LEN",
     "IDLE",
     "OBJECT",
+    "RACED_STACK_ID",
     "RX",
     "TX",
     "Event",
@@ -54,6 +55,10 @@ __all__ = [
 OBJECT = "sentinel"  # bpfobj/sentinel.bpf.o
 FLOW_SKID_NS = 200_000  # MS_FLOW_SKID_NS: a sample may land this long after its packet
 HISTORY_LEN = 16  # MS_HISTORY_LEN: packet contexts kept per CPU
+# A sample's stack ids when the source found they name another stack's frames (the
+# kernel's lookup race: sources/stackmaps.py); the program's own errors are -EFAULT,
+# -EEXIST, -ENOMEM and -ENOENT, never -ESTALE.
+RACED_STACK_ID = -116
 # Past the skid window, a sample takes the newest packet of its CPU's history within
 # this (seed 003 §5.1): MS_HISTORY_LEN x MS_FLOW_SKID_NS.
 FLOW_HISTORY_NS = HISTORY_LEN * FLOW_SKID_NS
@@ -204,8 +209,8 @@ class SampleSource(Protocol):
         """flow_id -> 5-tuple, for the flows first seen since the last call."""
         ...
 
-    def stack_ips(self, stack_id: int, first: int | None = None) -> tuple[int, ...]:
-        """Frames of a stack id, () if gone or if they do not start at `first`."""
+    def stack_ips(self, stack_id: int) -> tuple[int, ...]:
+        """Frames of a stack id, () if gone."""
         ...
 
     def dropped(self) -> dict[str, int]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..model.flows import FlowKey, FlowNames
+from ..model.records import RACED_STACK_ID
 from ..model.rollup import UNRESOLVED
 from ..model.services import ServiceKey
 from .aggregator import SKIPPED_STACK
@@ -33,9 +34,8 @@ __all__ = [
 # Ids that name nothing but say why (the symbolizer's ids count up from 1).
 UNRESOLVED_STACK = UNRESOLVED
 # Its frames left the kernel's stack map before they were read, or the id named
-# another's (the kernel's lookup race: sources/stackmaps.py).
+# another's (RACED_STACK_ID: the kernel's lookup race, sources/stackmaps.py).
 GONE_STACK = (1 << 64) - 2
-KERNEL_SPACE = 1 << 63  # x86_64 and arm64: kernel addresses have the top bit set
 UNRESOLVED_LABEL = "[unresolved: symbols not read yet]"
 STACK_LABELS = {
     UNRESOLVED_STACK: UNRESOLVED_LABEL,
@@ -57,14 +57,12 @@ class SymbolResolver:
     flushed too, and the outputs merge it with the function's own id when they rank.
     Past the symbolizer's bound of pending provisional ids the key is UNRESOLVED, its
     samples and cost exact under a label that says so. A stack whose frames the
-    source no longer has is GONE_STACK.
+    source no longer has, or found to be another's (RACED_STACK_ID), is GONE_STACK.
 
     `idle_function_ids()`: the kernel's idle functions (the aggregator charges a
     sample in them to no flow)."""
 
-    def __init__(
-        self, symbolizer: Symbolizer, stack_ips: Callable[[int, int | None], tuple[int, ...]]
-    ):
+    def __init__(self, symbolizer: Symbolizer, stack_ips: Callable[[int], tuple[int, ...]]):
         self.symbolizer = symbolizer
         self.stack_ips = stack_ips
 
@@ -80,24 +78,18 @@ class SymbolResolver:
         return self.symbolizer.stack_id(pid, ips, cheap=True, unresolved=UNRESOLVED_STACK)
 
     def callstack_id(self, pid: int, user_stack_id: int, kernel_stack_id: int, ip: int) -> int:
+        if RACED_STACK_ID in (user_stack_id, kernel_stack_id):
+            return GONE_STACK
         if user_stack_id < 0 and kernel_stack_id < 0:
             # no stack: the sampled instruction alone
             return self._stack_id(pid, [ip]) if ip else 0
-        # Each stack starts at the sampled ip where it was taken in the sample's own
-        # mode (kernel addresses have the top bit set): the check that its frames are
-        # its own. A kernel sample's user stack starts where the process entered.
-        in_kernel = ip >= KERNEL_SPACE
         ips: list[int] = []
         if kernel_stack_id >= 0:
-            frames = self.stack_ips(kernel_stack_id, ip if in_kernel else None)
-            if not frames:
-                return GONE_STACK
-            ips.extend(frames)
+            ips.extend(self.stack_ips(kernel_stack_id))
         if user_stack_id >= 0:
-            frames = self.stack_ips(user_stack_id, None if in_kernel else ip)
-            if not frames:
-                return GONE_STACK
-            ips.extend(frames)
+            ips.extend(self.stack_ips(user_stack_id))
+        if not ips:
+            return GONE_STACK
         return self._stack_id(pid, ips)
 
     def data_object_id(self, pid: int, addr: int) -> int:

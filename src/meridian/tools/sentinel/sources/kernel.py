@@ -335,19 +335,16 @@ class KernelSource(Session):
             for i in np.flatnonzero(fresh)
         }
 
-    def stack_ips(self, stack_id: int, first: int | None = None) -> tuple[int, ...]:
+    def stack_ips(self, stack_id: int) -> tuple[int, ...]:
         """The frames of a stack id (of ms_stacks or ms_stacks_b), innermost first;
-        () if gone (its side was emptied before it was asked) or if they do not start
-        at `first`, the sample's ip where the stack must start (another's frames, by
-        the kernel's lookup race): see stackmaps and stack_counts."""
+        () if gone (its side was emptied before it was asked: see stack_counts)."""
         if stack_id < 0 or self.obj is None:
             return ()
-        return self._stacks.ips(self.obj, stack_id, first)
+        return self._stacks.ips(self.obj, stack_id)
 
     def stack_counts(self) -> dict[str, int]:
         """How the stack maps are recycled: side switches, ids deleted, ids asked
-        after their side was emptied (gone), stacks that named another's frames
-        (raced)."""
+        after their side was emptied (gone)."""
         return self._stacks.counts()
 
     def counters(self) -> dict[str, int]:

@@ -242,9 +242,7 @@ class MockSource:
         self._contexts = []
         return out
 
-    def stack_ips(self, stack_id: int, first: int | None = None) -> tuple[int, ...]:
-        """`first` is not checked: a mock stack is one per function, its leaf frame the
-        function's entry, not the sampled ip (and no kernel race to catch)."""
+    def stack_ips(self, stack_id: int) -> tuple[int, ...]:
         return self._stacks.get(stack_id, ())
 
     def dropped(self) -> dict[str, int]:

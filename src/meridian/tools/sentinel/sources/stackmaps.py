@@ -8,15 +8,16 @@ is counted as gone (the caller labels its samples), never given another's frames
 an id is reused only after its side was switched away from and emptied.
 
 One race is the kernel's own: a lookup takes the bucket out of its slot while it
-copies it (kernel/bpf/stackmap.c, bpf_stackmap_copy), and a new stack hashed to
-that slot meanwhile is written there, given the id, and then lost when the copy
-puts the old bucket back: its sample names another stack's frames. A caller that
-knows where the stack must start (the sample's ip: the kernel stack of a sample in
-the kernel, the user stack of a sample in user space) passes it as `first`; a
-stack that starts elsewhere is counted as raced and treated as gone. The user stack
-of a sample taken in the kernel has no such check; the race needs a new stack in
-the very slot being copied within the copy's microsecond, so it is rare.
-Seen once in CI with 64-entry maps at 5 kHz."""
+copies it (kernel/bpf/stackmap.c, bpf_stackmap_copy), and a new stack hashed to that
+slot meanwhile is written there, given the id, and then lost when the copy puts the
+old bucket back: its sample names another stack's frames. Such a sample comes in a
+later batch than the one whose lookup raced it (its record was reserved before its
+stack was taken, and a reserved record stops the reader), so by then the slot's frames
+are known here: a sample whose ip is not the first frame of the stack taken in its own
+mode (the kernel stack of a sample in the kernel, the user stack of one in user space)
+gets RACED_STACK_ID for both ids, and is counted. The user stack of a sample in the
+kernel has no such check of its own, and is dropped with its kernel stack's. Seen once
+in CI with 64-entry maps at 5 kHz; with the default maps, rarer still."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ....bpf import BpfObject
+from ..model.records import RACED_STACK_ID
 
 __all__ = ["STACK_ENTRIES", "STACK_MAPS", "StackSides"]
 
@@ -34,6 +36,7 @@ STACK_DEPTH = 127  # PERF_MAX_STACK_DEPTH: the ms_stacks value
 STACKS_KEPT = 4096  # stack ids whose frames are kept, per side
 STACK_ENTRIES = 16384  # each of ms_stacks and ms_stacks_b
 STACK_SIDE_B = 1 << 30  # MS_STACK_SIDE_B: set in the ids of ms_stacks_b
+KERNEL_SPACE = 1 << 63  # x86_64 and arm64: kernel addresses have the top bit set
 STACK_MAPS = ("ms_stacks", "ms_stacks_b")
 # The side in use is switched when it holds this share of its entries: a new stack
 # whose hash bucket is taken is lost (-EEXIST), so the fuller, the more are lost.
@@ -53,6 +56,8 @@ class StackSides:
         self.side = 0
         self.seen = [np.zeros(entries, dtype=bool), np.zeros(entries, dtype=bool)]
         self.used = [0, 0]  # ids seen per side
+        # per side, the first frame of each id read (0: not read): the race check
+        self.lead = [np.zeros(entries, dtype=np.uint64), np.zeros(entries, dtype=np.uint64)]
         self.cache: list[OrderedDict[int, tuple[int, ...]]] = [OrderedDict(), OrderedDict()]
         self.retiring: int | None = None
         self.switched_at = 0.0
@@ -80,15 +85,18 @@ class StackSides:
         m = obj.maps[STACK_MAPS[old]]
         self.deleted += m.delete_many(np.flatnonzero(self.seen[old]))
         self.seen[old][:] = False
+        self.lead[old][:] = 0
         self.used[old] = 0
         self.cache[old].clear()
         self.retiring = None
 
     def after_poll(self, obj: BpfObject, samples: np.ndarray[Any, Any], began: float) -> None:
-        """Note the ids the samples name; switch sides past the fill mark."""
+        """Mark the samples whose ids name another's frames; note the ids the samples
+        name; switch sides past the fill mark."""
         if self.retiring is not None and began > self.switched_at:
             self.polls += 1
         if len(samples):
+            self._mark_raced(samples)
             ids = np.concatenate([samples["user_stack_id"], samples["kernel_stack_id"]])
             ids = ids[ids >= 0].astype(np.int64)
             if len(ids):
@@ -108,26 +116,43 @@ class StackSides:
             self.polls = 0
             self.switches += 1
 
-    def ips(self, obj: BpfObject, stack_id: int, first: int | None = None) -> tuple[int, ...]:
-        """The frames of `stack_id`; () if gone, or if they do not start at `first`
-        (the kernel's lookup race gave the sample another stack's id)."""
+    def _mark_raced(self, samples: np.ndarray[Any, Any]) -> None:
+        """RACED_STACK_ID for both stack ids of each sample whose ip is not the first
+        frame (already read) of the stack taken in its own mode."""
+        ip = samples["ip"]
+        in_kernel = ip >= np.uint64(KERNEL_SPACE)
+        sid = np.where(in_kernel, samples["kernel_stack_id"], samples["user_stack_id"])
+        sid = sid.astype(np.int64)
+        idx = sid & (STACK_SIDE_B - 1)
+        lead = np.zeros(len(samples), dtype=np.uint64)
+        for s in (0, 1):
+            at = np.flatnonzero((sid >= 0) & (((sid & STACK_SIDE_B) != 0) == bool(s)))
+            at = at[idx[at] < self.entries]
+            lead[at] = self.lead[s][idx[at]]
+        raced = (lead != 0) & (lead != ip)
+        if raced.any():
+            samples["user_stack_id"][raced] = RACED_STACK_ID
+            samples["kernel_stack_id"][raced] = RACED_STACK_ID
+            self.raced += int(np.count_nonzero(raced))
+
+    def ips(self, obj: BpfObject, stack_id: int) -> tuple[int, ...]:
         side = 1 if stack_id & STACK_SIDE_B else 0
         idx = stack_id & (STACK_SIDE_B - 1)
         cache = self.cache[side]
         found = cache.get(idx)
         if found is not None:
             cache.move_to_end(idx)
-        else:
-            val = obj.maps[STACK_MAPS[side]].lookup(idx)
-            if val is None:
-                self.gone += 1
-                return ()
-            ips = np.frombuffer(val.tobytes(), dtype="<u8", count=STACK_DEPTH)
-            n = int(np.argmin(ips != 0)) if ips[-1] == 0 else STACK_DEPTH
-            found = cache[idx] = tuple(ips[:n].tolist())
-            if len(cache) > STACKS_KEPT:
-                cache.popitem(last=False)
-        if first is not None and found and found[0] != first:
-            self.raced += 1
+            return found
+        val = obj.maps[STACK_MAPS[side]].lookup(idx)
+        if val is None:
+            self.gone += 1
             return ()
-        return found
+        ips = np.frombuffer(val.tobytes(), dtype="<u8", count=STACK_DEPTH)
+        n = int(np.argmin(ips != 0)) if ips[-1] == 0 else STACK_DEPTH
+        out = tuple(ips[:n].tolist())
+        cache[idx] = out
+        if len(cache) > STACKS_KEPT:
+            cache.popitem(last=False)
+        if out and idx < self.entries:
+            self.lead[side][idx] = out[0]
+        return out
