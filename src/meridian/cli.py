@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import signal
 import sys
@@ -50,7 +51,9 @@ def _sigterm(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     # A crash in native code (libbpf through ctypes) prints every thread's Python
     # stack to stderr: what a bug report needs (CI once saw a bare SIGSEGV at exit).
-    faulthandler.enable()
+    # Not where stderr is no file (captured in tests, an embedding program).
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        faulthandler.enable()
     parser = build_parser()
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm)
