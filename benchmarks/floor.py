@@ -10,12 +10,16 @@ it selects with default options), compiled with clang, loaded and attached; with
 counters, sentinel's sampling) get the same software events, empty.
 
 With --clock, the programs do what any latency tool must at these hooks and nothing
-more: each entry-side program reads the clock into its CPU's slot (a global, no map
-call), each exit-side one (perf-event programs included: memlat's fault ends) reads it
-again and adds the difference to its CPU's sum; the tool's other hooks stay empty.
-The latency floor: below it, a tool would have to time its operations without two
-clock reads. For sentinel, whose packets carry the time they were seen, each packet
-hook reads the clock once (and its sampling program, which reads it too).
+more: each entry-side program reads the clock into its thread's slot (a global indexed
+by the thread id, no map call), each exit-side one (perf-event programs included:
+memlat's fault ends) reads it again and adds the difference to that slot's sum; the
+tool's other hooks stay empty. The latency floor: below it, a tool would have to time
+its operations without two clock reads. The slot is the thread's, not the CPU's: a
+syscall or a fault may sleep, and another thread's on the same CPU would then
+overwrite a start kept per CPU (a per-CPU floor, which earlier RESULTS used, is about
+10 ns a program cheaper here: the thread id is a helper call). For sentinel, whose
+packets carry the time they were seen, each packet hook reads the clock once into its
+CPU's slot (and its sampling program, which reads it too).
 
 Prints "strategy: floor of TOOL (...)" on stderr once attached (the line the
 benchmarks wait for, as for `meridian TOOL -v`), then waits for SIGINT or SIGTERM.
@@ -98,10 +102,10 @@ def emits(section: str) -> bool:
     )
 
 
-CLOCK_START = "t0[bpf_get_smp_processor_id() & 63] = bpf_ktime_get_ns(); return 0;"
-CLOCK_END = (
-    "__u32 c = bpf_get_smp_processor_id() & 63; sum[c] += bpf_ktime_get_ns() - t0[c]; return 0;"
-)
+THREAD = "(__u32)bpf_get_current_pid_tgid() & 63"
+CLOCK_START = f"t0[{THREAD}] = bpf_ktime_get_ns(); return 0;"
+CLOCK_END = f"__u32 c = {THREAD}; sum[c] += bpf_ktime_get_ns() - t0[c]; return 0;"
+STAMP = "t0[bpf_get_smp_processor_id() & 63] = bpf_ktime_get_ns(); return 0;"
 
 
 def starts(section: str) -> bool:
@@ -147,7 +151,12 @@ def source(sections: list[str], perf: int, reserve: bool, clock: bool = False) -
             body = f"void *r = bpf_ringbuf_reserve(&rb, {RESERVE_BYTES}, 0);"
             body += " if (r) bpf_ringbuf_discard(r, 0); return 0;"
         elif clock:
-            body = CLOCK_END if emits(sec) else CLOCK_START if starts(sec) or stamps(sec) else body
+            if emits(sec):
+                body = CLOCK_END
+            elif stamps(sec):  # before starts(): fentry/__dev_queue_xmit is a packet's
+                body = STAMP
+            elif starts(sec):
+                body = CLOCK_START
         if sec == "xdp":
             body = body.replace("return 0;", "return XDP_PASS;")
         out.append(f'SEC("{sec}") int floor_{i}(void *ctx) {{ {body} }}')
