@@ -12,6 +12,7 @@ fails the run. Exit status: 0 when every kernel passed, 1 otherwise, 2 on bad in
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import shutil
@@ -63,6 +64,18 @@ TOOL_STRATEGIES = {
 TOOLS = {name: [s.name for s in strategies] for name, strategies in TOOL_STRATEGIES.items()}
 # TCG against this host, for the tests' waits (tests/children.py patience()).
 SLOWDOWN = 5
+
+
+def numpy_dispatch() -> str:
+    """numpy's run-time SIMD targets above its baseline (X86_V3 = AVX2 and up), all
+    turned off in the guests: QEMU 7.2's TCG (Debian 12's) emulates AVX2 wrongly for
+    numpy's sort kernels. There np.argsort of a random uint64 array was wrong in 283 of
+    300 tries, and the sentinel agent died by SIGSEGV inside one (in the flush thread's
+    grouping, faulthandler showed). The baseline kernels sort right there."""
+    umath = importlib.import_module("numpy._core._multiarray_umath")  # no stubs
+    return " ".join(umath.__cpu_dispatch__)
+
+
 # One guest: the boot and Python's start-up alone take ~30 s under TCG.
 GUEST_TIMEOUT_S = 1500
 # pytest has collected the tests by then (~60 s here), or the boot hung: booted again once,
@@ -107,6 +120,7 @@ def guest_script(tests: list[str], junit: Path) -> str:
         f"export MERIDIAN_REQUIRE_BPF=1 MERIDIAN_REQUIRE_FEATURES={GUEST_FEATURES}\n"
         f"export MERIDIAN_TEST_SLOWDOWN={SLOWDOWN}\n"
         f"export PYTHONUNBUFFERED=1 PATH={VENV_BIN}:/usr/sbin:/usr/bin:/sbin:/bin\n"
+        f"export NPY_DISABLE_CPU_FEATURES='{numpy_dispatch()}'\n"
         f"export PYTHONPATH={REPO / 'src'}\n"  # this checkout's code, whatever the venv's
         # the repository is read-only there: no cache, no hypothesis database
         f"exec {VENV_BIN}/python -m pytest -p no:cacheprovider -p no:hypothesispytest "
