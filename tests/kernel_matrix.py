@@ -64,18 +64,6 @@ TOOL_STRATEGIES = {
 TOOLS = {name: [s.name for s in strategies] for name, strategies in TOOL_STRATEGIES.items()}
 # TCG against this host, for the tests' waits (tests/children.py patience()).
 SLOWDOWN = 5
-
-
-def numpy_dispatch() -> str:
-    """numpy's run-time SIMD targets above its baseline (X86_V3 = AVX2 and up), all
-    turned off in the guests: QEMU 7.2's TCG (Debian 12's) emulates AVX2 wrongly for
-    numpy's sort kernels. There np.argsort of a random uint64 array was wrong in 283 of
-    300 tries, and the sentinel agent died by SIGSEGV inside one (in the flush thread's
-    grouping, faulthandler showed). The baseline kernels sort right there."""
-    umath = importlib.import_module("numpy._core._multiarray_umath")  # no stubs
-    return " ".join(umath.__cpu_dispatch__)
-
-
 # One guest: the boot and Python's start-up alone take ~30 s under TCG.
 GUEST_TIMEOUT_S = 1500
 # pytest has collected the tests by then (~60 s here), or the boot hung: booted again once,
@@ -89,6 +77,16 @@ TEST_TIMEOUT_S = 300
 # the guest's last console lines, printed again with the table when it failed: a CI log
 # is often read from its end
 TAIL_LINES = 40
+
+
+def numpy_dispatch() -> str:
+    """numpy's run-time SIMD targets above its baseline (X86_V3 = AVX2 and up), all
+    turned off in the guests: QEMU 7.2's TCG (Debian 12's) emulates AVX2 wrongly for
+    numpy's sort kernels. There np.argsort of a random uint64 array was wrong in 283 of
+    300 tries, and the sentinel agent died by SIGSEGV inside one (in the flush thread's
+    grouping, faulthandler showed). The baseline kernels sort right there."""
+    umath = importlib.import_module("numpy._core._multiarray_umath")  # no stubs
+    return " ".join(umath.__cpu_dispatch__)
 
 
 @dataclass

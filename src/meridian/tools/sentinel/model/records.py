@@ -7,6 +7,7 @@ Decoding is `np.frombuffer(raw, sample_dtype())`: one call per batch, none per s
 
 from __future__ import annotations
 
+import errno
 import functools
 from collections.abc import Sequence
 from enum import IntEnum
@@ -58,7 +59,7 @@ HISTORY_LEN = 16  # MS_HISTORY_LEN: packet contexts kept per CPU
 # A sample's stack ids when the source found they name another stack's frames (the
 # kernel's lookup race: sources/stackmaps.py); the program's own errors are -EFAULT,
 # -EEXIST, -ENOMEM and -ENOENT, never -ESTALE.
-RACED_STACK_ID = -116
+RACED_STACK_ID = -errno.ESTALE
 # Past the skid window, a sample takes the newest packet of its CPU's history within
 # this (seed 003 §5.1): MS_HISTORY_LEN x MS_FLOW_SKID_NS.
 FLOW_HISTORY_NS = HISTORY_LEN * FLOW_SKID_NS

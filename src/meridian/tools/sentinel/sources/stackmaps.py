@@ -29,6 +29,7 @@ import numpy as np
 
 from ....bpf import BpfObject
 from ..model.records import RACED_STACK_ID
+from ..symbols.kallsyms import KERNEL_START
 
 __all__ = ["STACK_ENTRIES", "STACK_MAPS", "StackSides"]
 
@@ -36,7 +37,6 @@ STACK_DEPTH = 127  # PERF_MAX_STACK_DEPTH: the ms_stacks value
 STACKS_KEPT = 4096  # stack ids whose frames are kept, per side
 STACK_ENTRIES = 16384  # each of ms_stacks and ms_stacks_b
 STACK_SIDE_B = 1 << 30  # MS_STACK_SIDE_B: set in the ids of ms_stacks_b
-KERNEL_SPACE = 1 << 63  # x86_64 and arm64: kernel addresses have the top bit set
 STACK_MAPS = ("ms_stacks", "ms_stacks_b")
 # The side in use is switched when it holds this share of its entries: a new stack
 # whose hash bucket is taken is lost (-EEXIST), so the fuller, the more are lost.
@@ -120,7 +120,7 @@ class StackSides:
         """RACED_STACK_ID for both stack ids of each sample whose ip is not the first
         frame (already read) of the stack taken in its own mode."""
         ip = samples["ip"]
-        in_kernel = ip >= np.uint64(KERNEL_SPACE)
+        in_kernel = ip >= np.uint64(KERNEL_START)
         sid = np.where(in_kernel, samples["kernel_stack_id"], samples["user_stack_id"])
         sid = sid.astype(np.int64)
         idx = sid & (STACK_SIDE_B - 1)
