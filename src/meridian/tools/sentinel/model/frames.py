@@ -7,11 +7,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-__all__ = ["JIT", "KERNEL", "UNKNOWN", "Frame"]
+__all__ = ["JIT", "KERNEL", "KERNEL_START", "UNKNOWN", "Frame"]
 
 UNKNOWN = "[unknown]"
 KERNEL = "[kernel]"
 JIT = "[jit]"
+# Every kernel text address on 64-bit Linux lies in the upper half (x86-64, arm64).
+KERNEL_START = 1 << 63
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from ....bpf import BpfObject
+from ..model.frames import KERNEL_START
 from ..model.records import RACED_STACK_ID
-from ..symbols.kallsyms import KERNEL_START
 
 __all__ = ["STACK_ENTRIES", "STACK_MAPS", "StackSides"]
 

@@ -32,12 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from ..model.frames import KERNEL_START
 from .elf import u64_column
 
-__all__ = ["IDLE_FUNCTIONS", "KernelSymbols", "is_idle_function", "is_kernel"]
+__all__ = ["IDLE_FUNCTIONS", "KERNEL_START", "KernelSymbols", "is_idle_function", "is_kernel"]
 
-# Every kernel text address on 64-bit Linux lies in the upper half (x86-64, arm64).
-KERNEL_START = 1 << 63
 TEXT_TYPES = b"tTwW"
 
 
