@@ -157,6 +157,8 @@ def test_metrics_parse_as_openmetrics(procs: list[subprocess.Popen[str]], tmp_pa
     assert value("ms_sampling_throttled") == 0
     dropped = {s.labels["reason"]: s.value for s in fams["ms_dropped_samples"].samples}
     assert dropped == {"token_bucket": 0, "hard_drop": 0, "ring_full": 0, "target_filtered": 0}
+    labelled = {s.labels["label"] for s in fams["ms_labelled_samples"].samples}
+    assert labelled == {"function_unresolved", "stack_unresolved", "stack_gone", "stack_skipped"}
     norm = fams["ms_flow_event_norm"].samples
     rx = [s for s in norm if s.labels.get("src") == "10.0.0.2" and s.labels.get("sport") == "43012"]
     assert rx, norm

@@ -58,6 +58,7 @@ def snapshot(flows: list[FlowRow] | None = None) -> MetricsSnapshot:
             FlowRow(FLOW_B, "cpu-clock", "rx", 2, 2.0),  # no 5-tuple known
         ],
         dropped={"token_bucket": 7, "ring_full": 0},
+        labelled={"stack_gone": 3, "function_unresolved": 0},
         tsc_slope={0: 1.0, 1: 0.999},
         tsc_offset_ns={0: 12.5, 1: -3.0},
         anomaly=AnomalyGauges({"eth0": 0.25}, {"eth0": 8e6}, 3.0, 450.0),
@@ -115,6 +116,10 @@ def test_every_seed_metric_with_its_value() -> None:
     assert got["ms_dropped_samples_total"] == [
         ({"reason": "ring_full"}, 0.0),
         ({"reason": "token_bucket"}, 7.0),
+    ]
+    assert got["ms_labelled_samples_total"] == [
+        ({"label": "function_unresolved"}, 0.0),
+        ({"label": "stack_gone"}, 3.0),
     ]
 
 

@@ -106,6 +106,7 @@ class Flusher:
                 window_s=seconds,
                 flows=flow_rows(rows, self.names),
                 dropped=dropped,
+                labelled=dict(state.labelled),
                 tsc_slope=self.calibrator.slopes(),
                 tsc_offset_ns=self.calibrator.offsets(),
                 anomaly=state.anomaly,

@@ -20,6 +20,7 @@ the project's `PrometheusServer`.
 | ms_latency_ratio, ms_latency_us |                     | probe reading / baseline; µs       |
 | ms_tsc_slope, ms_tsc_offset_ns  | cpu                 | kernel ns -> wall ns, per CPU      |
 | ms_dropped_samples_total        | reason              | samples dropped, cumulative        |
+| ms_labelled_samples_total       | label               | samples under a label, cumulative  |
 
 F: `flow` (16 hex digits of the flow id) and, where known, `src`, `dst`, `sport`,
 `dport`, `proto` (empty when not known, which Prometheus treats as absent). The
@@ -140,6 +141,8 @@ class MetricsSnapshot:
     window_s: float = 1.0  # the flush window the flow rows cover
     flows: Sequence[FlowRow] = ()
     dropped: Mapping[str, int] = field(default_factory=dict)  # cumulative, by reason
+    # cumulative: samples kept under a label instead of a symbol or frames, by label
+    labelled: Mapping[str, int] = field(default_factory=dict)
     tsc_slope: Mapping[int, float] = field(default_factory=dict)
     tsc_offset_ns: Mapping[int, float] = field(default_factory=dict)
     anomaly: AnomalyGauges = field(default_factory=AnomalyGauges)
@@ -256,6 +259,13 @@ class SentinelMetrics:
                 "",
                 "samples dropped, by reason",
                 [Point({"reason": k}, int(v)) for k, v in sorted(s.dropped.items())],
+            ),
+            Family(
+                "ms_labelled_samples",
+                "counter",
+                "",
+                "samples kept under a label instead of their symbol or stack, by label",
+                [Point({"label": k}, int(v)) for k, v in sorted(s.labelled.items())],
             ),
         ]
         for more in list(self._more):
