@@ -15,7 +15,9 @@ from children import attached, ended, reap
 from conftest import LoopDevice
 from strategies import every, run_or_skip
 
+from meridian.export import HistPoint, Point
 from meridian.tools.biolat import STRATEGIES, Biolat, Options
+from meridian.tools.biolat.metrics import series
 from meridian.tools.biolat.model import (
     KIND_DEPTH,
     KIND_LATENCY,
@@ -132,6 +134,14 @@ def test_exact_counts_sizes_slow_events_and_depth(loop_device: LoopDevice, strat
     assert depth["hist"].percentile(0.5) == depth["hist"].percentile(0.99) == 1
     assert depth["inflight"] == sum(short.values())  # the unseen completion, if any
     assert sum(c.count for k, c in snap.cells.items() if k[2] == KIND_DEPTH) == READS + WRITES
+    # ... and exported (Prometheus, OTLP) as they are shown.
+    fams = {f.name: f.points for f in series(snap, opts)}
+    (hist,) = fams["meridian.biolat.queue.depth"]
+    assert isinstance(hist, HistPoint) and hist.attrs == {"system.device": loop_device.name}
+    assert (hist.count, hist.sum, hist.max) == (READS + WRITES, READS + WRITES, 1)
+    assert hist.slots.tolist() == depth["hist"].slots.tolist()
+    (now,) = fams["meridian.biolat.inflight"]
+    assert isinstance(now, Point) and now.value == depth["inflight"]
     assert snap.counters["events_lost"] == 0
     assert snap.counters["reqs_full"] == 0 and snap.counters["hists_full"] == 0
 
@@ -149,6 +159,9 @@ def test_plain_latency_counts_exactly_with_the_lightest_path(loop_device: LoopDe
     reads_n, writes_n = READS - short["read"], WRITES - short["write"]
     assert rows == {"read": (reads_n, reads_n * 4096), "write": (writes_n, writes_n * 65536)}
     assert not any(k[2] == KIND_DEPTH for k in snap.cells)
+    assert not {"meridian.biolat.queue.depth", "meridian.biolat.inflight"} & {
+        f.name for f in series(snap, opts)
+    }
     assert snap.counters["unmatched"] == 0
 
 

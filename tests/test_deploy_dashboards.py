@@ -191,7 +191,8 @@ def test_heat_maps_are_histogram_buckets_per_second(tool: str) -> None:
         m = bucket.fullmatch(t["expr"])
         assert m and m[1] in exported(tool), t["expr"]
         assert (t["format"], t["legendFormat"]) == ("heatmap", "{{le}}")
-        assert p["options"]["calculate"] is False and p["options"]["yAxis"]["unit"] == "s"
+        unit = "s" if m[1].endswith("_seconds_bucket") else "short"  # biolat's depth: counts
+        assert p["options"]["calculate"] is False and p["options"]["yAxis"]["unit"] == unit
 
 
 def test_promtool_parses_every_panel_query(promtool: str, tmp_path: Path) -> None:
@@ -382,7 +383,9 @@ def test_every_panel_query_has_data_from_the_running_tools(
         # per-process panels and rules read, at a scrape of a few kB
         commands = {
             "io": ["io", "--no-events", "--grace", "300", "--prometheus", at["io"]],
-            "biolat": ["biolat", "-Q", "-d", loop_device.name, "--prometheus", at["biolat"]],
+            "biolat": [
+                "biolat", "-Q", "--depth", "-d", loop_device.name, "--prometheus", at["biolat"]
+            ],
             "memlat": ["memlat", "-P", "-p", str(faulter.pid), "--prometheus", at["memlat"]],
             "runqlat": ["runqlat", "-P", "-p", str(workload.pid), "--prometheus", at["runqlat"]],
             "sentinel": [

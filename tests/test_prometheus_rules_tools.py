@@ -52,7 +52,7 @@ def families(tool: str) -> list[Family]:
         from meridian.tools.biolat.model import Options as BiolatOptions
         from meridian.tools.biolat.model import Snapshot as BiolatSnapshot
 
-        return biolat_series(BiolatSnapshot(0.0, {}), BiolatOptions())
+        return biolat_series(BiolatSnapshot(0.0, {}), BiolatOptions(depth=True))
     if tool == "memlat":
         from meridian.tools.memlat.metrics import series as memlat_series
         from meridian.tools.memlat.model import Options as MemlatOptions

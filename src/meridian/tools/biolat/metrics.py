@@ -10,6 +10,7 @@ from .model import (
     KIND_QUEUE,
     Options,
     Snapshot,
+    depth_rows,
     disk_name,
     group,
     merged,
@@ -55,4 +56,29 @@ def series(snap: Snapshot, opts: Options) -> list[Family]:
     for reason, n in snap.counters.items():
         if reason not in INFO_COUNTERS:
             lost.points.append(Point({"reason": reason}, n))
-    return [nbytes, ops, optime, lat, queue, lost]
+    return [nbytes, ops, optime, lat, queue, lost, *depth_series(snap, opts)]
+
+
+def depth_series(snap: Snapshot, opts: Options) -> list[Family]:
+    """With --depth (exercise 4): the requests in flight on each disk at each issue, as
+    a log2 histogram of counts (scale 1: the bounds are requests, not seconds), and
+    those in flight now (issued since attach, not completed)."""
+    if not opts.depth:
+        return []
+    depth = Family(
+        "meridian.biolat.queue.depth",
+        "histogram",
+        "{request}",
+        "Requests in flight on the disk when each request was issued (itself included)",
+    )
+    inflight = Family(
+        "meridian.biolat.inflight",
+        "gauge",
+        "{request}",
+        "Requests issued since attach and not completed yet",
+    )
+    for dev, info in depth_rows(snap).items():
+        a = {"system.device": disk_name(dev)}
+        depth.points.append(HistPoint(a, info["hist"].slots, 1.0, info["sum"], info["max"]))
+        inflight.points.append(Point(a, info["inflight"]))
+    return [depth, inflight]

@@ -187,6 +187,7 @@ def depth_rows(snap: Snapshot) -> dict[int, dict[str, Any]]:
         out[dev] = {
             "inflight": snap.inflight.get(dev, 0),
             "max": max(c.max_ns for c in cells),  # depths, not ns: read with unit_ns 1
+            "sum": sum(c.sum_ns for c in cells),  # of the depths: read with unit_ns 1
             "avg": round(sum(c.sum_ns for c in cells) / n, 3) if n else 0.0,
             "hist": h,
         }
