@@ -65,16 +65,24 @@ static __always_inline void retry_done(__u32 tid)
 		__sync_fetch_and_add(&retry_live, -1);
 }
 
-/* The last traced process seen on this CPU, valid while pids_gen is unchanged: most
- * syscalls on a CPU come from the process before, so the PID set (a hash lookup, a
- * helper call) is consulted once per switch instead of at every enter and exit. Only
- * positive answers are kept; the kernel bumps pids_gen whenever it removes a PID. */
+/* The last process seen on this CPU and whether it is traced, valid while the PID set
+ * has not changed since: most syscalls on a CPU come from the process before, so the
+ * PID set (a hash lookup, a helper call) is consulted once per switch instead of at
+ * every enter and exit, for the processes left out too (every other process on the
+ * host pays for `-p` at each of its file syscalls). The set's changes are counted: the
+ * kernel bumps pids_gen when it adds a child or removes a PID, user space bumps
+ * pids_epoch after it adds one (it alone writes that map), and a memo of another count
+ * is asked again. Both counts are read before the lookup, so an answer kept from a
+ * lookup that raced a change carries the old count. */
 __u64 pids_gen = 0;
+
+MAP_DEF(pids_epoch, BPF_MAP_TYPE_ARRAY, __u32, __u64, 1);
 
 struct pid_memo {
 	__u64 gen;
+	__u64 epoch;
 	__u32 tgid;
-	__u32 pad;
+	__u32 traced;
 };
 
 MAP_DEF(pid_memo, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct pid_memo, 1);
@@ -128,17 +136,20 @@ static __always_inline bool pid_traced(__u32 tgid)
 {
 	__u32 zero = 0;
 	struct pid_memo *m = bpf_map_lookup_elem(&pid_memo, &zero);
-	__u64 gen = pids_gen;
+	__u64 *ep = bpf_map_lookup_elem(&pids_epoch, &zero);
+	__u64 gen = pids_gen, epoch = ep ? *ep : 0;
+	bool in;
 
-	if (m && m->tgid == tgid && m->gen == gen)
-		return true;
-	if (!bpf_map_lookup_elem(&pids, &tgid))
-		return false;
+	if (m && m->tgid == tgid && m->gen == gen && m->epoch == epoch)
+		return m->traced;
+	in = bpf_map_lookup_elem(&pids, &tgid) != NULL;
 	if (m) {
 		m->tgid = tgid;
 		m->gen = gen;
+		m->epoch = epoch;
+		m->traced = in;
 	}
-	return true;
+	return in;
 }
 
 /* The calling task's syscall, if it is traced: its meta, else NULL. */
@@ -398,8 +409,10 @@ static __always_inline void on_fork(__u32 child_tgid)
 	if (!bpf_map_lookup_elem(&pids, &parent_tgid))
 		return;
 	ret = bpf_map_update_elem(&pids, &child_tgid, &one, BPF_NOEXIST);
-	if (!ret)
+	if (!ret) {
+		__sync_fetch_and_add(&pids_gen, 1);	/* a memo may say "not traced" */
 		COUNT(forks_followed);
+	}
 	else if (ret != -17)	/* EEXIST: followed already */
 		COUNT(pids_full);
 }

@@ -6,10 +6,12 @@ start/end indices pointing at each other; record then replay gives the same log.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +237,68 @@ def test_attach_to_a_running_process(tmp_path: Path) -> None:
         for p in (tracer, target):
             p.kill()
             p.wait()
+
+
+STAT_AFTER_GO = r"""
+import os, sys
+os.sched_setaffinity(0, {int(sys.argv[3])})
+print("ready", flush=True)
+while not os.path.exists(sys.argv[1]):  # newfstatat, ENOENT
+    pass
+for _ in range(100):
+    os.stat(sys.argv[2])
+"""
+
+
+def test_a_pid_added_while_tracing_is_traced_from_its_next_call(tmp_path: Path) -> None:
+    """Each CPU remembers whether the last process it saw is traced, a "no" too (so
+    that `-p` costs the other processes little). A PID added while tracing (`-- CMD`
+    adds the command's) must be traced from its next call on a CPU that remembered "no"
+    for it: the child spins on one CPU, untraced, the only process making calls there
+    (this process, on the others, is never traced), then is added, then does 100
+    stat calls, every one of which must come."""
+    from meridian.tools.syscalls.kernel import Capture
+    from meridian.tools.syscalls.options import Options
+
+    tmp = tmp_path.resolve()
+    go, target = tmp / "go", tmp / "target"
+    target.write_text("x")
+    cpus = sorted(os.sched_getaffinity(0))
+    idle = subprocess.Popen(["sleep", "60"])  # the PID set is never empty: -p of another
+    child: subprocess.Popen[str] | None = None
+    os.sched_setaffinity(0, cpus[1:] or cpus)
+    try:
+        with Capture(Options(names=["newfstatat"], pids=[idle.pid])) as cap:
+            child = subprocess.Popen(
+                [sys.executable, "-c", STAT_AFTER_GO, str(go), str(target), str(cpus[0])],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert child.stdout is not None and child.stdout.readline() == "ready\n"
+            assert not [e for e in cap.poll(0) if e.pid == child.pid]  # not traced yet
+            cap.add_pid(child.pid)
+            go.touch()
+            assert child.wait(patience(30)) == 0
+            mine: list[Any] = []
+            deadline = time.monotonic() + patience(10)
+            while time.monotonic() < deadline:
+                mine += [e for e in cap.poll(0.1) if e.pid == child.pid]
+                if sum(e.is_end and e.result == 0 for e in mine) >= 101:
+                    break
+    finally:
+        os.sched_setaffinity(0, cpus)
+        for p in (idle, child):
+            if p is not None:
+                p.kill()
+                p.wait()
+                if p.stdout is not None:
+                    p.stdout.close()
+    starts = [e for e in mine if e.is_start]
+    assert [e.paths for e in starts if e.paths != (str(go),)] == [(str(target),)] * 100
+    # every call's end came, and the end of the one in flight when it was added
+    assert len([e for e in mine if e.is_end]) - len(starts) in (0, 1)
+    # 101 succeeded: the 100 on the target and the one that found go (the others failed)
+    assert sum(e.is_end and e.result == 0 for e in mine) == 101
 
 
 def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:

@@ -64,6 +64,7 @@ class Capture(Session):
         self.strategy = choose(STRATEGIES, opts.strategy)
         self.offset_ns = time.time_ns() - time.monotonic_ns()
         self.dtype: Any = None
+        self._pids_epoch = 0  # pids_epoch's value: user space alone writes it
 
     def setup(self, obj: BpfObject) -> None:
         o = self.opts
@@ -107,9 +108,13 @@ class Capture(Session):
         self.ring = RingBuffer.of_map(obj.maps["events"], self.dtype)
 
     def add_pid(self, pid: int, obj: BpfObject | None = None) -> None:
+        """Trace `pid` from its next syscall: added to the set, then the set's epoch
+        bumped, which turns the CPUs' memos of "not traced" stale (syscalls.bpf.c)."""
         o = obj or self.obj
         assert o is not None
         o.maps["pids"].update(pid, 1)
+        self._pids_epoch += 1
+        o.maps["pids_epoch"].update(0, self._pids_epoch)
 
     def poll_raw(self, timeout: float) -> tuple[bytes, int]:
         """Wait up to `timeout` for the ring to fill past its mark, then every record
