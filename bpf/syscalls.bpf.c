@@ -21,6 +21,7 @@
 #include <bpf/bpf_core_read.h>
 #include "maps.bpf.h"
 #include "task.bpf.h"
+#include "pidset.bpf.h"
 #include "syscalls.h"
 
 const volatile bool filter_pids = false;	/* only PIDs in `pids` (and their children) */
@@ -65,27 +66,13 @@ static __always_inline void retry_done(__u32 tid)
 		__sync_fetch_and_add(&retry_live, -1);
 }
 
-/* The last process seen on this CPU and whether it is traced, valid while the PID set
- * has not changed since: most syscalls on a CPU come from the process before, so the
- * PID set (a hash lookup, a helper call) is consulted once per switch instead of at
- * every enter and exit, for the processes left out too (every other process on the
- * host pays for `-p` at each of its file syscalls). The set's changes are counted: the
- * kernel bumps pids_gen when it adds a child or removes a PID, user space bumps
- * pids_epoch after it adds one (it alone writes that map), and a memo of another count
- * is asked again. Both counts are read before the lookup, so an answer kept from a
- * lookup that raced a change carries the old count. */
+/* The PID set's change counts (pidset.bpf.h): the kernel bumps pids_gen when it follows
+ * a child or removes a PID, user space bumps pids_epoch after it adds one. */
 __u64 pids_gen = 0;
 
 MAP_DEF(pids_epoch, BPF_MAP_TYPE_ARRAY, __u32, __u64, 1);
 
-struct pid_memo {
-	__u64 gen;
-	__u64 epoch;
-	__u32 tgid;
-	__u32 traced;
-};
-
-MAP_DEF(pid_memo, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct pid_memo, 1);
+PID_MEMO_DEF(pid_memo);
 
 MAP_DEF(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct syscalls_counters, 1);
 
@@ -135,21 +122,9 @@ static __always_inline bool comm_matches(struct task_struct *task)
 static __always_inline bool pid_traced(__u32 tgid)
 {
 	__u32 zero = 0;
-	struct pid_memo *m = bpf_map_lookup_elem(&pid_memo, &zero);
-	__u64 *ep = bpf_map_lookup_elem(&pids_epoch, &zero);
-	__u64 gen = pids_gen, epoch = ep ? *ep : 0;
-	bool in;
+	__u64 *epoch = bpf_map_lookup_elem(&pids_epoch, &zero);
 
-	if (m && m->tgid == tgid && m->gen == gen && m->epoch == epoch)
-		return m->traced;
-	in = bpf_map_lookup_elem(&pids, &tgid) != NULL;
-	if (m) {
-		m->tgid = tgid;
-		m->gen = gen;
-		m->epoch = epoch;
-		m->traced = in;
-	}
-	return in;
+	return pid_in_set(&pid_memo, &pids, tgid, pids_gen, epoch ? *epoch : 0);
 }
 
 /* The calling task's syscall, if it is traced: its meta, else NULL. */
