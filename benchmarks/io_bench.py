@@ -1,11 +1,13 @@
 """meridian io overhead: preads per second of a cached 4 KiB pread loop (a small C
-program) untraced, with `meridian io --no-events`, with `meridian io` streaming every
-event as JSON to /dev/null, and with bpftrace keeping the equivalent per-PID latency
-histogram, interleaved round by round in the same run. Ratios are medians of traced /
-untraced rates of the same round. Then the same four conditions on a fio job: 4 KiB
-random O_DIRECT reads (psync, queue depth 1) of a file, IOPS interleaved round by round
-(ratios to the neighbouring untraced runs). The agent's own cost (CPU seconds and RSS
-per million JSON lines, drops at 100k/s): benchmarks/ioagent_bench.py.
+program) untraced, with `meridian io --no-events` (and with `-p` of another process,
+which leaves the loop out: what -p costs the rest of the host), with `meridian io`
+streaming every event as JSON to /dev/null, and with bpftrace keeping the equivalent
+per-PID latency histogram, interleaved round by round in the same run. Ratios are
+medians of traced / untraced rates of the same round. Then the same four conditions on
+a fio job: 4 KiB random O_DIRECT reads (psync, queue depth 1) of a file, IOPS
+interleaved round by round (ratios to the neighbouring untraced runs). The agent's own
+cost (CPU seconds and RSS per million JSON lines, drops at 100k/s):
+benchmarks/ioagent_bench.py.
 
 Run as root from the repository:
   .venv/bin/python benchmarks/io_bench.py [rounds] [seconds] [fio-rounds] [fio-seconds]
@@ -13,6 +15,7 @@ Run as root from the repository:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -119,13 +122,18 @@ def main(argv: list[str]) -> int:
         "floor": "floor (io's hooks, empty)",
         "floor-clock": "latency floor (io's hooks, two clock reads)",
         "no-events": "meridian io --no-events",
+        "left-out": "meridian io --no-events -p another process (the loop left out)",
         "floor-reserve": "floor (io's hooks, exits reserve and discard)",
         "stream": "meridian io (JSON to /dev/null)",
         "bpftrace": "bpftrace per-PID pread64 histogram",
     }
     results: dict[str, list[float]] = {"untraced": [], **{n: [] for n in names.values()}}
     lost: list[str] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    # -p of a process that makes no reads: what -p costs the processes it leaves out
+    idle = subprocess.Popen(["sleep", "infinity"])
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        stack.callback(idle.wait)
+        stack.callback(idle.kill)
         work = Path(tmp)
         exe = compile_c(LOOP_C, work, "preadloop")
         data = work / "data.bin"
@@ -137,6 +145,7 @@ def main(argv: list[str]) -> int:
             "floor": (floor("io"), False),
             "floor-clock": (floor("io", clock=True), False),
             "no-events": ([*MERIDIAN, "--no-events"], False),
+            "left-out": ([*MERIDIAN, "--no-events", "-p", str(idle.pid)], False),
             "floor-reserve": (floor("io", reserve=True), False),
             "stream": (MERIDIAN, False),
             "bpftrace": (["bpftrace", str(script)], True),

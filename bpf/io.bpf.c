@@ -139,7 +139,7 @@ struct {
 HIST_MAP_DEF(disk_io, BPF_MAP_TYPE_PERCPU_HASH, struct fileio_disk_key, struct fileio_disk_stats, 8192);
 
 MAP_DEF(pids, BPF_MAP_TYPE_HASH, __u32, __u8, 1024);
-/* Written before attach only: its memo's counts are 0 (pidset.bpf.h). */
+/* Written before attach only: its change count is 0 (pidset.bpf.h). */
 PID_MEMO_DEF(pid_memo);
 
 MAP_DEF(comms, BPF_MAP_TYPE_HASH, char[IO_COMM_LEN], __u8, 64);
@@ -190,7 +190,7 @@ static __always_inline bool traced(__u32 pid)
 {
 	if (pid == self_pid)
 		return false;
-	if (filter_pid && !pid_in_set(&pid_memo, &pids, pid, 0, 0))
+	if (filter_pid && !pid_in_set(&pid_memo, &pids, pid, 0))
 		return false;
 	/* The cgroup or any cgroup below it: its ancestor at the cgroup's own depth. */
 	if (filter_cgroup && bpf_get_current_ancestor_cgroup_id(cgroup_level) != filter_cgroup)

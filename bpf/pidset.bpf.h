@@ -3,44 +3,46 @@
  * once per switch instead of at every hook, and "not traced" is kept too: with -p,
  * every other process on the host pays at each of its calls the tool hooks.
  *
- * A memo is the answer for a tgid under the set's change counts: `gen`, bumped by the
- * kernel when it changes the set (syscalls following children and their exits), and
- * `epoch`, bumped by user space after it adds a PID (one writer: a map of its own).
- * A memo of other counts is asked again. The caller reads both counts before the
- * lookup, so an answer from a lookup that raced a change keeps the old counts. A set
- * written only before attach (io's) passes 0 for both. */
+ * A memo is one word, written and read whole, so that a program preempted on the CPU
+ * (fentry, faultable syscall tracepoints) cannot leave one process's answer under
+ * another's tgid: the tgid, the answer, and a stamp of the set's change count. The
+ * count is the caller's: bumped whenever the set changes (syscalls: by the kernel when
+ * it follows a child or removes a PID, by user space after it adds one); a memo of
+ * another stamp is asked again. The caller reads the count before the lookup, so an
+ * answer from a lookup that raced a change keeps the old stamp. A set written only
+ * before attach (io's) passes 0. The stamp keeps 31 bits: a memo is wrong only if
+ * exactly a multiple of 2^31 changes fell between two calls of one process on a CPU.
+ * Stack: the memo's key is read-only data, not a stack slot (io's raw_enter, the walk
+ * of send_name() and its bpf_loop() callback share 512 bytes, counted in 32-byte
+ * frames by 6.1's verifier, and were at 512 exactly). */
 #ifndef MERIDIAN_PIDSET_BPF_H
 #define MERIDIAN_PIDSET_BPF_H
 
 #include <bpf/bpf_helpers.h>
 #include "maps.bpf.h"
 
-struct pid_memo {
-	__u64 gen;
-	__u64 epoch;
-	__u32 tgid;
-	__u32 traced;
-};
+#define PID_MEMO_DEF(name) MAP_DEF(name, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, __u64, 1)
 
-#define PID_MEMO_DEF(name) MAP_DEF(name, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct pid_memo, 1)
+const volatile __u32 pid_memo_key = 0;
 
-/* Is tgid in `set` (a hash keyed by tgid)? `memo`: a PID_MEMO_DEF map. */
-static __always_inline bool pid_in_set(void *memo, void *set, __u32 tgid, __u64 gen,
-				       __u64 epoch)
+#define PID_MEMO_IN (1ULL << 31)
+
+/* Is tgid in `set` (a hash keyed by tgid)? `memo`: a PID_MEMO_DEF map; `count`: the
+ * set's change count, read before this call. */
+static __always_inline bool pid_in_set(void *memo, void *set, __u32 tgid, __u64 count)
 {
-	__u32 zero = 0;
-	struct pid_memo *m = bpf_map_lookup_elem(memo, &zero);
+	__u64 *m = bpf_map_lookup_elem(memo, (const void *)&pid_memo_key);
+	__u64 want = (__u64)tgid << 32 | (count & (PID_MEMO_IN - 1)), v;
 	bool in;
 
-	if (m && m->tgid == tgid && m->gen == gen && m->epoch == epoch)
-		return m->traced;
-	in = bpf_map_lookup_elem(set, &tgid) != NULL;
 	if (m) {
-		m->tgid = tgid;
-		m->gen = gen;
-		m->epoch = epoch;
-		m->traced = in;
+		v = *(volatile __u64 *)m;
+		if ((v & ~PID_MEMO_IN) == want)
+			return v & PID_MEMO_IN;
 	}
+	in = bpf_map_lookup_elem(set, &tgid) != NULL;
+	if (m)
+		*(volatile __u64 *)m = want | (in ? PID_MEMO_IN : 0);
 	return in;
 }
 

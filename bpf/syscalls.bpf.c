@@ -66,8 +66,9 @@ static __always_inline void retry_done(__u32 tid)
 		__sync_fetch_and_add(&retry_live, -1);
 }
 
-/* The PID set's change counts (pidset.bpf.h): the kernel bumps pids_gen when it follows
- * a child or removes a PID, user space bumps pids_epoch after it adds one. */
+/* The PID set's change count (pidset.bpf.h) is pids_gen + pids_epoch: the kernel bumps
+ * pids_gen when it follows a child or removes a PID, user space bumps pids_epoch (its
+ * own map: one writer) after it adds one. */
 __u64 pids_gen = 0;
 
 MAP_DEF(pids_epoch, BPF_MAP_TYPE_ARRAY, __u32, __u64, 1);
@@ -124,7 +125,7 @@ static __always_inline bool pid_traced(__u32 tgid)
 	__u32 zero = 0;
 	__u64 *epoch = bpf_map_lookup_elem(&pids_epoch, &zero);
 
-	return pid_in_set(&pid_memo, &pids, tgid, pids_gen, epoch ? *epoch : 0);
+	return pid_in_set(&pid_memo, &pids, tgid, pids_gen + (epoch ? *epoch : 0));
 }
 
 /* The calling task's syscall, if it is traced: its meta, else NULL. */
