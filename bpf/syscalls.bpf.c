@@ -388,8 +388,7 @@ static __always_inline void on_fork(__u32 child_tgid)
 	if (!ret) {
 		__sync_fetch_and_add(&pids_gen, 1);	/* a memo may say "not traced" */
 		COUNT(forks_followed);
-	}
-	else if (ret != -17)	/* EEXIST: followed already */
+	} else if (ret != -17)	/* EEXIST: followed already */
 		COUNT(pids_full);
 }
 
