@@ -40,6 +40,7 @@ DEFAULT_TESTS = (
     "tests/test_io_kernel_strategy.py::test_sendfile_and_copy_file_range",
     "tests/test_io_kernel_stats_cache.py",
     "tests/test_syscalls_kernel.py::test_openat_calls_of_cat_equal_straces",
+    "tests/test_syscalls_kernel.py::test_a_pid_added_while_tracing_is_traced_from_its_next_call",
     "tests/test_memlat_kernel.py::test_minor_faults_equal_the_childs_getrusage",
     "tests/test_memlat_kernel.py::test_failed_faults_are_counted_exactly",
     "tests/test_biolat_kernel.py::test_exact_counts_sizes_slow_events_and_depth",
