@@ -31,18 +31,13 @@ def drop_caches() -> None:
 
 
 def dd(*args: str) -> int:
-    """Run dd; returns its PID (the PID the kernel saw)."""
+    """Run dd; returns its PID (the PID the kernel saw). Tests that count a dd's block
+    requests run the same dd once untraced first: on a cold cache a first run also reads
+    dd's own text from the root disk and ext4's metadata from the loop device, requests
+    its PID submits (CI once saw 18 where the file's were 16)."""
     p = subprocess.Popen(["dd", *args, "status=none"])
     assert p.wait(60) == 0
     return p.pid
-
-
-def warm_up(*args: str) -> None:
-    """Run a dd once untraced, so that the traced run of the same command finds dd's
-    own text, libraries and locale files in the page cache: on a fresh machine a
-    first run faults them in from the root disk, block requests its PID submits (CI
-    once saw 18 requests where the file's were 16)."""
-    dd(*args)
 
 
 def pid_summary(tool: FileIO, pid: int) -> PidSummary:
@@ -141,8 +136,8 @@ def test_block_requests_attributed_to_the_pid(ext4: Path) -> None:
     ino = path.stat().st_ino
     read = (f"if={path}", "of=/dev/null", "bs=64k", "iflag=direct")
     write = ("if=/dev/zero", f"of={path}", "bs=64k", "count=16", "oflag=direct", "conv=notrunc")
-    warm_up(*read)
-    warm_up(*write)
+    dd(*read)  # untraced: the page cache warm for the traced runs (see dd())
+    dd(*write)
     with FileIO(Options()) as tool:
         reader = dd(*read)
         events = drain(tool, reader, 17)
@@ -171,7 +166,7 @@ def test_block_requests_in_the_summary_and_retired_with_the_process(ext4: Path) 
     path = ext4 / "direct.bin"
     dd("if=/dev/urandom", f"of={path}", "bs=1M", "count=1", "conv=fsync")
     read = (f"if={path}", "of=/dev/null", "bs=64k", "iflag=direct")
-    warm_up(*read)
+    dd(*read)  # untraced: the page cache warm for the traced run (see dd())
     proc = subprocess.Popen(
         [*IO_CMD, "-v", "--no-events", "--grace", "0", "--interval", "0.1"],
         stdout=subprocess.PIPE,

@@ -334,8 +334,9 @@ def test_pid_filter_in_kernel() -> None:
     other CPU, so it is sampled whatever else the machine is doing)."""
     code = "import time\nt = time.monotonic() + 20\nwhile time.monotonic() < t: pass\n"
     child = subprocess.Popen([sys.executable, "-c", code])
-    other = subprocess.Popen([sys.executable, "-c", code])
+    other: subprocess.Popen[bytes] | None = None
     try:
+        other = subprocess.Popen([sys.executable, "-c", code])
         with KernelSource(CLOCK, frequency=999, pids=[child.pid]) as src:
             time.sleep(0.5)
             samples, _ = src.poll(0)
@@ -349,8 +350,9 @@ def test_pid_filter_in_kernel() -> None:
             assert (pids == child.pid).sum() > 50 and (pids == other.pid).sum() > 50
     finally:
         for p in (child, other):
-            p.kill()
-            p.wait()
+            if p is not None:
+                p.kill()
+                p.wait()
 
 
 def test_stacks_keep_resolving_past_the_stack_map_size() -> None:

@@ -266,8 +266,8 @@ def test_a_pid_added_while_tracing_is_traced_from_its_next_call(tmp_path: Path) 
     cpus = sorted(os.sched_getaffinity(0))
     idle = subprocess.Popen(["sleep", "60"])  # the PID set is never empty: -p of another
     child: subprocess.Popen[str] | None = None
-    os.sched_setaffinity(0, cpus[1:] or cpus)
     try:
+        os.sched_setaffinity(0, cpus[1:] or cpus)
         with Capture(Options(names=["newfstatat"], pids=[idle.pid])) as cap:
             child = subprocess.Popen(
                 [sys.executable, "-c", STAT_AFTER_GO, str(go), str(target), str(cpus[0])],
@@ -285,6 +285,7 @@ def test_a_pid_added_while_tracing_is_traced_from_its_next_call(tmp_path: Path) 
                 mine += [e for e in cap.poll(0.1) if e.pid == child.pid]
                 if sum(e.is_end and e.result == 0 for e in mine) >= 101:
                     break
+            lost = cap.counters()["lost"]
     finally:
         os.sched_setaffinity(0, cpus)
         for p in (idle, child):
@@ -293,6 +294,7 @@ def test_a_pid_added_while_tracing_is_traced_from_its_next_call(tmp_path: Path) 
                 p.wait()
                 if p.stdout is not None:
                     p.stdout.close()
+    assert lost == 0  # a missing call would be the memo's, not the ring's
     starts = [e for e in mine if e.is_start]
     assert [e.paths for e in starts if e.paths != (str(go),)] == [(str(target),)] * 100
     # every call's end came, and the end of the one in flight when it was added

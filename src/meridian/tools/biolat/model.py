@@ -183,12 +183,12 @@ def depth_rows(snap: Snapshot) -> dict[int, dict[str, Any]]:
     out = {}
     for dev, cells in sorted(by_dev.items()):
         h = Hist.merge((c.hist("depth", 1) for c in cells), 32, "depth")
-        n = h.total
+        n, total = h.total, sum(c.sum_ns for c in cells)  # depths, not ns: unit_ns 1
         out[dev] = {
             "inflight": snap.inflight.get(dev, 0),
-            "max": max(c.max_ns for c in cells),  # depths, not ns: read with unit_ns 1
-            "sum": sum(c.sum_ns for c in cells),  # of the depths: read with unit_ns 1
-            "avg": round(sum(c.sum_ns for c in cells) / n, 3) if n else 0.0,
+            "max": max(c.max_ns for c in cells),
+            "sum": total,
+            "avg": round(total / n, 3) if n else 0.0,
             "hist": h,
         }
     return out
