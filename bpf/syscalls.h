@@ -8,6 +8,7 @@
 #define SYSCALLS_STR_LEN 256		/* one user string argument (a path) */
 #define SYSCALLS_PATH_LEN 256		/* an fd's path as /proc/PID/fd shows it (fdpath.bpf.h) */
 #define SYSCALLS_PATH_DEPTH 32		/* dentries walked up from an fd's file (a power of 2) */
+#define SYSCALLS_OUT_LEN 16		/* room for an output argument behind an end's header */
 #define SYSCALLS_DATA_LEN 1024		/* room behind the header: str[0], str[1], fd_path (built
 					 * with bounded writes: twice its length) */
 
@@ -52,8 +53,10 @@ struct syscalls_counters {
  * string argument, `str_len[1]` of the second and `fd_len` of the fd's path, packed
  * (each NUL-terminated, a length of 0 when absent), then `out_len` bytes of an output
  * argument (an end only: enum syscalls_out, its pieces back to back, no NUL), so a
- * record is as long as what it carries (112 bytes without strings, not 872). Every event takes the next index,
- * dropped ones too, so a gap in the indices is a drop. */
+ * record is as long as what it carries (112 bytes without strings, not 872). An end
+ * of a call with an output argument keeps SYSCALLS_OUT_LEN bytes for it, zeros past
+ * out_len. Every event takes the next index, dropped ones too, so a gap in the indices
+ * is a drop. */
 struct syscalls_event {
 	__u64 index;
 	__u64 ts_ns;		/* CLOCK_MONOTONIC */

@@ -15,11 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from children import build_c, patience
 from strategies import every, run_or_skip
 
 from meridian.tools.syscalls import STRATEGIES
+from meridian.tools.syscalls.numbers import NUMBERS
+from meridian.tools.syscalls.recording_file import read_blocks
 
 pytestmark = pytest.mark.kernel
 
@@ -427,6 +430,20 @@ def test_raw_recording_replays_like_live(prog: Path, tmp_path: Path) -> None:
     assert len(full) == n == len({r["index"] for r in full}) > 20
     indices = sorted(r["index"] for r in full)
     assert indices == list(range(indices[0], indices[0] + n))  # no gap: nothing lost
+
+    # An end is as long as its header, plus 16 bytes for an output argument (fstat's
+    # st_mode and st_size take 12), zeros past the bytes used.
+    ends: dict[str, set[tuple[int, int, bool]]] = {}
+    for fr, dtype, _ in read_blocks(tmp / "q.raw"):
+        for off, length in zip(fr.offsets, fr.lengths, strict=True):
+            head = np.frombuffer(fr.buf, dtype, count=1, offset=off)[0]
+            if head["kind"] == 1 and not head["str_len"].any():
+                used = int(head["out_len"])
+                tail = fr.buf[off + dtype.itemsize + used : off + length]
+                shape = (length - dtype.itemsize, used, tail == bytes(len(tail)))
+                ends.setdefault(NUMBERS[int(head["nr"])], set()).add(shape)
+    assert ends["close"] == {(0, 0, True)}, ends
+    assert ends["newfstatat"] == {(16, 12, True)}, ends  # the loader's fstat calls
 
 
 def test_comm_is_filtered_in_the_kernel(prog: Path, tmp_path: Path) -> None:
