@@ -155,8 +155,6 @@ static __always_inline bool skip_for_fd(const struct syscalls_meta *meta, const 
 	return meta->need_fd && pos >= 0 && pos < 6 && (int)args[pos & 7] < 0;
 }
 
-#include "syscalls_path.bpf.h"	/* fd_path(): an fd's path into the record */
-
 /* Bytes of b->data in use: bounded for the verifier (each string takes at most 256).
  * The test stays in the code (barrier_var) even where clang proves it true: clang checks
  * a string's length n as n - 1 <= 255, on a copy, and drops the clamp of the offset
@@ -168,6 +166,8 @@ static __always_inline __u32 bound(__u32 off)
 	barrier_var(off);
 	return off > 2 * SYSCALLS_STR_LEN ? 2 * SYSCALLS_STR_LEN : off;
 }
+
+#include "syscalls_path.bpf.h"	/* fd_path(): an fd's path into the record */
 
 /* Read the string arguments selected by `want` (bits) behind the header; returns the
  * bits read and sets *off past them. */
@@ -332,10 +332,10 @@ static __always_inline void regs_args(struct pt_regs *regs, __u64 *args)
 
 #include "syscalls_out.bpf.h"	/* read_output(): pipe2's fds, stat buffers */
 
-/* An end without strings (every end but a retry's): written straight into a ring
- * record of fixed length, the header and `out` bytes for an output argument (out_len
- * of them used, the rest zeroed), with no per-CPU buffer and no copy: 28 ns less an
- * end on this VM (bpf_stats, benchmarks/RESULTS.md). `out`: a constant. */
+/* An end without strings (all but those that read one again): written straight into
+ * a ring record of fixed length, the header and `out` bytes for an output argument
+ * (out_len of them used, the rest zeroed), with no per-CPU buffer and no copy: 19-28
+ * ns less an end on this VM (bpf_stats, benchmarks/RESULTS.md). `out`: a constant. */
 static __always_inline void send_end(struct task_struct *task, long id, long ret,
 				     const __u64 *args, const struct syscalls_meta *meta,
 				     __s64 fill, const __u32 out)
@@ -384,29 +384,28 @@ static __always_inline void on_exit(long id, long ret, struct pt_regs *regs)
 			retry_done(tid);
 		return;
 	}
-	if (!again) {
-		if (meta->out_pos >= 0)
-			send_end(task, id, ret, args, meta, fill, SYSCALLS_OUT_LEN);
-		else
-			send_end(task, id, ret, args, meta, fill, 0);
-		return;
-	}
-	b = bpf_map_lookup_elem(&bufs, &key);
-	if (!b)
-		return;
-	e = &b->ev;
-	fill_header(e, task, id, SYSCALLS_END, ret, args);
 	if (again) {
+		b = bpf_map_lookup_elem(&bufs, &key);
+		if (!b)
+			return;
+		e = &b->ev;
+		fill_header(e, task, id, SYSCALLS_END, ret, args);
 		/* After a successful exec the old image (and its strings) is gone. */
-		if (!(ret == 0 && (id == 59 || id == 322))) {
+		if (!(ret == 0 && (id == 59 || id == 322)))
 			e->str_ok = read_strings(b, meta, *again, &off);
-			if (e->str_ok)
-				COUNT(str_retried);
-		}
 		retry_done(tid);
+		if (e->str_ok) {
+			COUNT(str_retried);
+			read_output(b, meta, ret, &off);
+			send(b, off, fill);
+			return;
+		}
 	}
-	read_output(b, meta, ret, &off);
-	send(b, off, fill);
+	/* An end without strings: one layout, however it came. */
+	if (meta->out_pos >= 0)
+		send_end(task, id, ret, args, meta, fill, SYSCALLS_OUT_LEN);
+	else
+		send_end(task, id, ret, args, meta, fill, 0);
 }
 
 /* Runs in the forking task: its tgid is the parent process. */

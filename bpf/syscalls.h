@@ -47,6 +47,7 @@ struct syscalls_counters {
 	__u64 retry_full;	/* retries not remembered: retry map full */
 	__u64 forks_followed;	/* child processes added to the PID set */
 	__u64 pids_full;	/* child processes not followed: PID set full */
+	__u64 paths_cached;	/* fd paths taken from the cache, not walked */
 };
 
 /* One start or end event: this fixed header, then `str_len[0]` bytes of the first

@@ -10,6 +10,7 @@ from meridian.proc import (
     dev_major,
     dev_minor,
     device_name,
+    kernel_data_addresses,
     kernel_dev,
     parse_device,
     parse_stat,
@@ -115,3 +116,20 @@ def test_proc_stat_reads_a_process_and_none_when_gone(tmp_path: Path) -> None:
 def test_proc_stat_of_this_process() -> None:
     stat = proc_stat(os.getpid())
     assert stat is not None and stat.start > 0
+
+
+def test_kernel_data_addresses_take_kernel_symbols_only(tmp_path: Path) -> None:
+    """rename_lock of the kernel, not a module's symbol of that name; 0 for a symbol
+    kallsyms does not list (no CONFIG_KALLSYMS_ALL), for hidden addresses and for a
+    missing file."""
+    kallsyms = tmp_path / "kallsyms"
+    kallsyms.write_text(
+        "ffffffff81000000 T _stext\n"
+        "ffffffffc0001000 d rename_lock\t[some_module]\n"
+        "ffffffff8b609600 D rename_lock\n"
+    )
+    got = kernel_data_addresses(("rename_lock", "mount_lock"), kallsyms)
+    assert got == {"rename_lock": 0xFFFFFFFF8B609600, "mount_lock": 0}
+    kallsyms.write_text("0000000000000000 D rename_lock\n")  # kptr_restrict
+    assert kernel_data_addresses(("rename_lock",), kallsyms) == {"rename_lock": 0}
+    assert kernel_data_addresses(("rename_lock",), tmp_path / "none") == {"rename_lock": 0}

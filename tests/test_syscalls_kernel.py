@@ -306,6 +306,76 @@ def test_a_pid_added_while_tracing_is_traced_from_its_next_call(tmp_path: Path) 
     assert sum(e.is_end and e.result == 0 for e in mine) == 101
 
 
+FSTAT_PHASES = r"""
+import os, sys
+os.sched_setaffinity(0, {int(sys.argv[2])})  # one CPU: one CPU's cache
+fd = os.open(sys.argv[1], os.O_RDONLY)
+print("ready", flush=True)
+for n in sys.argv[3:]:
+    sys.stdin.readline()  # the test changed something: go on
+    for _ in range(int(n)):
+        os.fstat(fd)  # newfstatat(fd, "", ..., AT_EMPTY_PATH): the fd's path
+    print("done", flush=True)
+"""
+
+
+def test_fd_paths_are_cached_until_a_rename_or_mount(tmp_path: Path) -> None:
+    """The fd path cache (syscalls_path.bpf.h), where kallsyms lists the kernel's rename
+    and mount counts (Debian's kernels; not this VM's): fstat on one fd 3 times (a walk,
+    then 2 from the cache), a tmpfs mounted elsewhere then 2 (a walk, 1 cached), its
+    directory renamed then 2 (the new path walked, 1 cached), the file unlinked then 1
+    (" (deleted)", walked). Without the counts every path is walked, and the same."""
+    from meridian.tools.syscalls.kernel import Capture
+    from meridian.tools.syscalls.options import Options
+
+    tmp = tmp_path.resolve()
+    (tmp / "a" / "sub").mkdir(parents=True)
+    (tmp / "m").mkdir()
+    old, new = tmp / "a" / "sub" / "f", tmp / "b" / "sub" / "f"
+    old.write_text("x")
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    child = subprocess.Popen(
+        [sys.executable, "-c", FSTAT_PHASES, str(old), str(cpu), "3", "2", "2", "1"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    mounted = False
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        assert child.stdout.readline() == "ready\n"
+        with Capture(Options(names=["newfstatat"], pids=[child.pid])) as cap:
+            for change in ("", "mount", "rename", "unlink"):
+                if change == "mount":
+                    mount = ["mount", "-t", "tmpfs", "meridian-test", str(tmp / "m")]
+                    subprocess.run(mount, check=True)
+                    mounted = True
+                elif change == "rename":
+                    (tmp / "a").rename(tmp / "b")
+                elif change == "unlink":
+                    new.unlink()
+                child.stdin.write("go\n")
+                child.stdin.flush()
+                assert child.stdout.readline() == "done\n"
+            child.stdin.close()
+            assert child.wait(patience(30)) == 0
+            starts: list[Any] = []
+            deadline = time.monotonic() + patience(10)
+            while len(starts) < 8 and time.monotonic() < deadline:
+                starts += [e for e in cap.poll(0.1) if e.is_start and e.pid == child.pid]
+            counters, cached = cap.counters(), cap.path_cache
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+        child.stdout.close()
+        if not child.stdin.closed:
+            child.stdin.close()
+        if mounted:
+            subprocess.run(["umount", "-l", str(tmp / "m")], check=False)
+    assert counters["lost"] == 0
+    assert [e.fd_path for e in starts] == [str(old)] * 5 + [str(new)] * 2 + [f"{new} (deleted)"]
+    assert counters["paths_cached"] == (4 if cached else 0)
+
+
 def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:
     pytest.importorskip("textual")
     import asyncio
@@ -431,8 +501,8 @@ def test_raw_recording_replays_like_live(prog: Path, tmp_path: Path) -> None:
     indices = sorted(r["index"] for r in full)
     assert indices == list(range(indices[0], indices[0] + n))  # no gap: nothing lost
 
-    # An end is as long as its header, plus 16 bytes for an output argument (fstat's
-    # st_mode and st_size take 12), zeros past the bytes used.
+    # An end without strings is as long as its header, plus 16 bytes for an output
+    # argument (fstat's st_mode and st_size take 12), zeros past the bytes used.
     ends: dict[str, set[tuple[int, int, bool]]] = {}
     for fr, dtype, _ in read_blocks(tmp / "q.raw"):
         for off, length in zip(fr.offsets, fr.lengths, strict=True):

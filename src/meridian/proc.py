@@ -14,6 +14,8 @@ __all__ = [
     "dev_major",
     "dev_minor",
     "device_name",
+    "kallsyms_address",
+    "kernel_data_addresses",
     "kernel_dev",
     "parse_device",
     "parse_stat",
@@ -72,6 +74,31 @@ def parse_device(text: str, sys_root: str | Path = "/sys") -> int:
         known = sorted(p.name for p in (Path(sys_root) / "class" / "block").glob("*"))
         hint = f" (known: {', '.join(known[:12])})" if known else ""
         raise ValueError(f"no block device {text!r}{hint}") from None
+
+
+def kallsyms_address(data: bytes, name: bytes) -> int:
+    """The address of a kernel symbol (not a module's) in a kallsyms text, 0 when it
+    is not there or the text hides addresses."""
+    at = data.find(b" " + name + b"\n")
+    if at < 0:
+        return 0
+    line = data[data.rfind(b"\n", 0, at) + 1 : at].split()
+    try:
+        return int(line[0], 16)
+    except (IndexError, ValueError):
+        return 0
+
+
+def kernel_data_addresses(
+    names: tuple[str, ...], kallsyms: str | Path = "/proc/kallsyms"
+) -> dict[str, int]:
+    """Addresses of kernel variables, 0 for each that kallsyms does not list (it lists
+    data symbols only with CONFIG_KALLSYMS_ALL) or shows as 0 (kptr_restrict)."""
+    try:
+        data = Path(kallsyms).read_bytes()
+    except OSError:
+        data = b""
+    return {n: kallsyms_address(data, n.encode()) for n in names}
 
 
 def comm_of(pid: int, proc_root: str | Path = "/proc") -> str | None:

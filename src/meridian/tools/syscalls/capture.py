@@ -33,6 +33,7 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
     with Capture(opts) as cap:
         if opts.verbose:
             print(f"strategy: {cap.strategy.name}", file=err)
+            print(f"fd path cache: {cap.path_cache_text()}", file=err)
         live = _PlainCapture(opts, cap, Pipeline(opts, out))
         try:
             live.start(err)

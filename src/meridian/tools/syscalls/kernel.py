@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...bpf import BpfObject, RingBuffer, Strategy, choose
+from ...proc import kernel_data_addresses
 from ...session import Session
 from .event import Syscall
 from .jsonl_spool import SpooledJsonRecorder
@@ -26,6 +27,8 @@ STRATEGIES = (
     Strategy("tracepoint", ("tp_sys_enter", "tp_sys_exit", "tp_fork", "tp_exit"), ("tracepoint",)),
 )
 MAX_NR = 512  # SYSCALLS_MAX_NR in bpf/syscalls.h
+# The kernel's sequence counts that validate the fd path cache (bpf/syscalls_path.bpf.h).
+PATH_CACHE_LOCKS = ("rename_lock", "mount_lock")
 
 
 def meta_table(names: Iterable[str], anon_mmap: bool = False) -> list[dict[str, Any]]:
@@ -65,6 +68,7 @@ class Capture(Session):
         self.offset_ns = time.time_ns() - time.monotonic_ns()
         self.dtype: Any = None
         self._pids_epoch = 0  # pids_epoch's value: user space alone writes it
+        self.path_cache = False  # fd paths cached in the kernel (kallsyms lists the locks)
 
     def setup(self, obj: BpfObject) -> None:
         o = self.opts
@@ -102,10 +106,24 @@ class Capture(Session):
             meta.update(nr, row)
         for pid in o.pids:
             self.add_pid(pid, obj)
+        locks = kernel_data_addresses(PATH_CACHE_LOCKS)
+        self.path_cache = all(locks.values())
+        if self.path_cache:  # else none: the walk at every fd (syscalls_path.bpf.h)
+            for i, addr in enumerate(locks.values()):
+                obj.maps["path_locks"].update(i, addr)
         obj.attach()
         assert obj.btf is not None
         self.dtype = obj.btf.struct_dtype("syscalls_event")
         self.ring = RingBuffer.of_map(obj.maps["events"], self.dtype)
+
+    def path_cache_text(self) -> str:
+        """Whether fd paths are cached, said for -v."""
+        if self.path_cache:
+            return "on (checked against rename_lock and mount_lock)"
+        return (
+            "off: /proc/kallsyms does not list rename_lock and mount_lock (a kernel "
+            "without CONFIG_KALLSYMS_ALL, or kptr_restrict); every fd path is walked"
+        )
 
     def add_pid(self, pid: int, obj: BpfObject | None = None) -> None:
         """Trace `pid` from its next syscall: added to the set, then the set's epoch

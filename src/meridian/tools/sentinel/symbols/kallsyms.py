@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ....proc import kallsyms_address
 from ..model.frames import KERNEL_START
 from .elf import u64_column
 
@@ -79,18 +80,6 @@ IDLE_FUNCTIONS = (
 
 def is_kernel(addr: int) -> bool:
     return addr >= KERNEL_START
-
-
-def _address_of(data: bytes, name: bytes) -> int:
-    """The address of a symbol in a kallsyms text, 0 when it is not there."""
-    at = data.find(b" " + name + b"\n")
-    if at < 0:
-        return 0
-    line = data[data.rfind(b"\n", 0, at) + 1 : at].split()
-    try:
-        return int(line[0], 16)
-    except (IndexError, ValueError):
-        return 0
 
 
 def is_idle_function(name: str) -> bool:
@@ -149,8 +138,8 @@ class KernelSymbols:
         if width <= 0 or width > 16:
             return
         lo, hi = (
-            _address_of(data, b"__cpuidle_text_start"),
-            _address_of(data, b"__cpuidle_text_end"),
+            kallsyms_address(data, b"__cpuidle_text_start"),
+            kallsyms_address(data, b"__cpuidle_text_end"),
         )
         if lo and hi:
             self._idle_text = (lo, hi)
