@@ -32,12 +32,12 @@ static __always_inline char *fdpath_dest(void)
 
 #include "fdpath.bpf.h"
 
-/* Addresses of the kernel's rename_lock and mount_lock (seqlock_t: the first word is
- * the count, odd while written), 0 when kallsyms does not list them: [0] and [1], set
- * by user space before attach. A map, not read-only data, so that the verifier checks
- * the cache's code on every kernel, off or on, as it will run: as read-only zeros it
- * was dead code on this VM, and 6.18 refused a program whose static function had its
- * dead part removed ("verifier bug: No program to jit at insn"). */
+/* The addresses of the kernel's rename_lock and mount_lock (seqlock_t: the first word
+ * is the count, odd while written), [0] and [1], set by user space before attach; 0
+ * where kallsyms does not list them. In a map, not read-only data: the cache's code
+ * is then never dead code for the verifier to cut out, and is checked on every kernel
+ * as it runs (6.18 failed to load a program whose function, static or global, had its
+ * dead code removed: "verifier bug: No program to jit at insn"). */
 MAP_DEF(path_locks, BPF_MAP_TYPE_ARRAY, __u32, __u64, 2);
 
 #define PATH_CACHE_WAYS 16	/* entries a CPU, picked by the dentry's address */
@@ -132,24 +132,14 @@ static __always_inline void copy_path(char *to, const char *from)
 		((__u64 *)to)[i] = ((const __u64 *)from)[i];
 }
 
-/* The cache's two halves are global functions, which the verifier checks once, on
- * their own, not again for each way a start reaches them (inlined, they took
- * btf_sys_enter from 493,000 to 925,000 instructions of its million on 6.18). */
-
-/* The cached path of k->file into b->data at base: its length with the NUL, 0 on a
- * miss or where its path is not cached; k's key is filled in either way (k->ok). */
-__noinline long path_cached(struct path_key *k, struct syscalls_buf *b, __u32 base)
+/* The cached path of k into b->data at base: its length with the NUL, 0 on a miss. */
+static __always_inline long path_from_cache(const struct path_key *k, struct syscalls_buf *b,
+					    __u32 base)
 {
-	struct path_entry *e;
+	struct path_entry *e = path_slot(k);
 	__u64 gen;
 	__u32 len;
 
-	if (!k || !b)
-		return 0;
-	k->ok = k->file && path_key_of(KOBJ(struct file, k->file), k);
-	if (!k->ok)
-		return 0;
-	e = path_slot(k);
 	if (!e)
 		return 0;
 	gen = e->gen;
@@ -159,24 +149,24 @@ __noinline long path_cached(struct path_key *k, struct syscalls_buf *b, __u32 ba
 	    e->hash_len != k->hash_len || e->inode != k->inode || e->renames != k->renames ||
 	    e->mounts != k->mounts || len == 0 || len > SYSCALLS_PATH_LEN)
 		return 0;
-	copy_path(&b->data[bound(base)], e->path);
+	copy_path(&b->data[base], e->path);
 	barrier();
 	return e->gen == gen ? len : 0;	/* rewritten meanwhile: walk instead */
 }
 
 /* Keep the path just walked (`len` bytes at b->data[base]) for k, unless a rename or
  * a mount change happened during the walk. */
-__noinline int path_to_cache(const struct path_key *k, const struct syscalls_buf *b,
-			     __u32 base, __u32 len)
+static __always_inline void path_to_cache(const struct path_key *k, const struct syscalls_buf *b,
+					  __u32 base, long len)
 {
 	struct path_entry *e;
 
-	if (!k || !b || !k->ok || len == 0 || len > SYSCALLS_PATH_LEN ||
-	    seq_at(k->rename_lock) != k->renames || seq_at(k->mount_lock) != k->mounts)
-		return 0;
+	if (len <= 0 || len > SYSCALLS_PATH_LEN || seq_at(k->rename_lock) != k->renames ||
+	    seq_at(k->mount_lock) != k->mounts)
+		return;
 	e = path_slot(k);
 	if (!e)
-		return 0;
+		return;
 	e->gen++;
 	barrier();
 	e->dentry = k->dentry;
@@ -187,10 +177,40 @@ __noinline int path_to_cache(const struct path_key *k, const struct syscalls_buf
 	e->renames = k->renames;
 	e->mounts = k->mounts;
 	e->len = len;
-	copy_path(e->path, &b->data[bound(base)]);
+	copy_path(e->path, &b->data[base]);
 	barrier();
 	e->gen++;
-	return 1;
+}
+
+/* The path of k->file into b->data at base (b: the start being built, bufs[0]), from
+ * the cache or walked: its length with the NUL, 0 if none. A global function, which
+ * the verifier checks once, on its own, not again for each way a start reaches it:
+ * btf_sys_enter went from 493,000 instructions of its million on 6.18 to 246,000
+ * (with the cache inlined: 925,000). Where the cache is off, the call is all it costs
+ * a walked fd (7-20 ns on this VM, where each return is a Safe RET: the SRSO
+ * mitigation). The file comes as a number in k (a map),
+ * as a global function's arguments cannot be kernel pointers on 6.1. */
+__noinline long file_path(struct path_key *k, struct syscalls_buf *b, __u32 base)
+{
+	struct file *f;
+	long n;
+
+	if (!k || !b || !k->file)
+		return 0;
+	base = bound(base);
+	f = KOBJ(struct file, k->file);
+	k->ok = path_key_of(f, k);
+	if (k->ok) {
+		n = path_from_cache(k, b, base);
+		if (n > 0) {
+			COUNT(paths_cached);
+			return n;
+		}
+	}
+	n = fdpath_write(f, b->data, base);
+	if (k->ok)
+		path_to_cache(k, b, base, n);
+	return n;
 }
 
 /* The path of an fd into the start record b at data[base]: its length with the NUL,
@@ -198,23 +218,13 @@ __noinline int path_to_cache(const struct path_key *k, const struct syscalls_buf
 static __always_inline long fd_path(struct task_struct *task, int fd, struct syscalls_buf *b,
 				    __u32 base)
 {
-	struct file *f = fd_file(task, fd);
 	__u32 zero = 0;
 	struct path_key *k = bpf_map_lookup_elem(&path_now, &zero);
-	long n;
 
-	if (!k)		/* never (an array's entry 0); a walk here would be verified again */
+	if (!k)		/* never (an array's entry 0) */
 		return 0;
-	k->file = (__u64)f;
-	n = path_cached(k, b, base);
-	if (n > 0) {
-		COUNT(paths_cached);
-		return n;
-	}
-	n = fdpath_write(f, b->data, base);
-	if (n > 0)
-		path_to_cache(k, b, base, n);
-	return n;
+	k->file = (__u64)fd_file(task, fd);
+	return file_path(k, b, base);
 }
 
 #endif /* MERIDIAN_SYSCALLS_PATH_BPF_H */

@@ -69,6 +69,7 @@ class Capture(Session):
         self.dtype: Any = None
         self._pids_epoch = 0  # pids_epoch's value: user space alone writes it
         self.path_cache = False  # fd paths cached in the kernel (kallsyms lists the locks)
+        self._locks: dict[str, int] = {}
 
     def setup(self, obj: BpfObject) -> None:
         o = self.opts
@@ -87,6 +88,8 @@ class Capture(Session):
                 "ring_bytes": size,
             }
         )
+        self._locks = kernel_data_addresses(PATH_CACHE_LOCKS)
+        self.path_cache = all(self._locks.values())  # else every fd's path is walked
         comm = o.kernel_comm()
         if comm is not None:
             pat, fold = comm
@@ -106,10 +109,8 @@ class Capture(Session):
             meta.update(nr, row)
         for pid in o.pids:
             self.add_pid(pid, obj)
-        locks = kernel_data_addresses(PATH_CACHE_LOCKS)
-        self.path_cache = all(locks.values())
-        if self.path_cache:  # else none: the walk at every fd (syscalls_path.bpf.h)
-            for i, addr in enumerate(locks.values()):
+        if self.path_cache:
+            for i, addr in enumerate(self._locks.values()):
                 obj.maps["path_locks"].update(i, addr)
         obj.attach()
         assert obj.btf is not None
