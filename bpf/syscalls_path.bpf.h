@@ -40,7 +40,7 @@ static __always_inline char *fdpath_dest(void)
  * dead code removed: "verifier bug: No program to jit at insn"). */
 MAP_DEF(path_locks, BPF_MAP_TYPE_ARRAY, __u32, __u64, 2);
 
-#define PATH_CACHE_WAYS 16	/* entries a CPU, picked by the dentry's address */
+#define PATH_CACHE_WAYS 16	/* entries a CPU, picked by the name's hash */
 
 struct path_entry {
 	__u64 gen;		/* odd while a program writes the entry (it may be preempted) */
@@ -58,8 +58,8 @@ struct path_entry {
 
 MAP_DEF(path_cache, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct path_entry, PATH_CACHE_WAYS);
 
-/* What an entry must hold to be a file's path now, and the file: built in a map by
- * path_cached() and read again by path_to_cache(). */
+/* What an entry must hold to be a file's path now, and the file: in a map, as
+ * file_path() takes it. */
 struct path_key {
 	__u64 file;		/* struct file *, as a number */
 	__u64 dentry, mnt, parent, hash_len, inode;
@@ -188,8 +188,8 @@ static __always_inline void path_to_cache(const struct path_key *k, const struct
  * btf_sys_enter went from 493,000 instructions of its million on 6.18 to 246,000
  * (with the cache inlined: 925,000). Where the cache is off, the call is all it costs
  * a walked fd (7-20 ns on this VM, where each return is a Safe RET: the SRSO
- * mitigation). The file comes as a number in k (a map),
- * as a global function's arguments cannot be kernel pointers on 6.1. */
+ * mitigation). The file comes as a number in k (a map): a global function's arguments
+ * cannot be kernel pointers on 6.1. */
 __noinline long file_path(struct path_key *k, struct syscalls_buf *b, __u32 base)
 {
 	struct file *f;
