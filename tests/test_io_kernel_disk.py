@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from children import reap, wait_attached
+from children import patience, reap, wait_attached
 from io_trace import OPS, drain
 
 from meridian.tools.io.kernel import FileIO
@@ -31,10 +31,9 @@ def drop_caches() -> None:
 
 
 def dd(*args: str) -> int:
-    """Run dd; returns its PID (the PID the kernel saw). Tests that count a dd's block
-    requests run the same dd once untraced first: on a cold cache a first run also reads
-    dd's own text from the root disk and ext4's metadata from the loop device, requests
-    its PID submits (CI once saw 18 where the file's were 16)."""
+    """Run dd; returns its PID (the PID the kernel saw). Not for counting a process's
+    block requests: dd's own text and libraries may be read from the root disk as it
+    runs (DirectIO below)."""
     p = subprocess.Popen(["dd", *args, "status=none"])
     assert p.wait(60) == 0
     return p.pid
@@ -127,23 +126,84 @@ def disk_summary(tool: FileIO, pid: int) -> dict[str, tuple[int, int, int]]:
     return out
 
 
+# 16 O_DIRECT reads or writes of 64 KiB (argv: path, "read" or "write"), after "go" on
+# stdin. Everything mapped is locked first: this VM's DAMON pages out cold pages (its
+# pageout scheme), and a page of the process's own text or libraries read back from the
+# root disk is a block request of its PID too (a traced dd once had 17 where its file's
+# were 16, after an untraced warm-up run).
+DIRECT_IO = r"""
+import ctypes, mmap, os, sys
+if ctypes.CDLL(None, use_errno=True).mlockall(3):  # MCL_CURRENT | MCL_FUTURE
+    sys.exit(f"mlockall: {os.strerror(ctypes.get_errno())}")
+buf = mmap.mmap(-1, 65536)  # page-aligned, as O_DIRECT wants
+write = sys.argv[2] == "write"
+fd = os.open(sys.argv[1], (os.O_WRONLY if write else os.O_RDONLY) | os.O_DIRECT)
+print("ready", flush=True)
+if sys.stdin.readline() != "go\n":
+    sys.exit(0)
+for i in range(16):
+    (os.pwritev if write else os.preadv)(fd, [buf], i * 65536)
+print("done", flush=True)
+"""
+
+
+class DirectIO:
+    """The DIRECT_IO process: started (and locked in memory) untraced, `go()` once the
+    tracer is attached."""
+
+    def __init__(self, path: Path, op: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", DIRECT_IO, str(path), op],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.pid = self.proc.pid
+        try:
+            assert self.proc.stdout is not None and self.proc.stdout.readline() == "ready\n"
+        except BaseException:
+            self.close()
+            raise
+
+    def go(self) -> int:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline() == "done\n"
+        return self.pid
+
+    def close(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()  # one that has not had go() exits at EOF
+        try:
+            self.proc.wait(patience(10))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
 def test_block_requests_attributed_to_the_pid(ext4: Path) -> None:
     """O_DIRECT on the loop device's ext4: each 64 KiB read and write is one block
-    request submitted by dd, with its device latency, in the per-PID disk aggregates and
-    in the operation's event."""
+    request submitted by its process, with its device latency, in the per-PID disk
+    aggregates and in the operation's event."""
     path = ext4 / "direct.bin"
     dd("if=/dev/urandom", f"of={path}", "bs=1M", "count=1", "conv=fsync")
     ino = path.stat().st_ino
-    read = (f"if={path}", "of=/dev/null", "bs=64k", "iflag=direct")
-    write = ("if=/dev/zero", f"of={path}", "bs=64k", "count=16", "oflag=direct", "conv=notrunc")
-    dd(*read)  # untraced: the page cache warm for the traced runs (see dd())
-    dd(*write)
-    with FileIO(Options()) as tool:
-        reader = dd(*read)
-        events = drain(tool, reader, 17)
-        writer = dd(*write)
-        wevents = drain(tool, writer, 16)
-        rd, wr = disk_summary(tool, reader), disk_summary(tool, writer)
+    reader = DirectIO(path, "read")
+    try:
+        writer = DirectIO(path, "write")
+    except BaseException:
+        reader.close()
+        raise
+    try:
+        with FileIO(Options()) as tool:
+            events = drain(tool, reader.go(), 16)
+            wevents = drain(tool, writer.go(), 16)
+            rd, wr = disk_summary(tool, reader.pid), disk_summary(tool, writer.pid)
+    finally:
+        reader.close()
+        writer.close()
     assert rd == {"read": (16, 1 << 20, 16)}
     assert wr == {"write": (16, 1 << 20, 16)}
     for ev, op in ((events, 0), (wevents, 1)):
@@ -165,8 +225,7 @@ def test_block_requests_in_the_summary_and_retired_with_the_process(ext4: Path) 
     after the grace period but stays in the summary."""
     path = ext4 / "direct.bin"
     dd("if=/dev/urandom", f"of={path}", "bs=1M", "count=1", "conv=fsync")
-    read = (f"if={path}", "of=/dev/null", "bs=64k", "iflag=direct")
-    dd(*read)  # untraced: the page cache warm for the traced run (see dd())
+    direct = DirectIO(path, "read")
     proc = subprocess.Popen(
         [*IO_CMD, "-v", "--no-events", "--grace", "0", "--interval", "0.1"],
         stdout=subprocess.PIPE,
@@ -175,7 +234,8 @@ def test_block_requests_in_the_summary_and_retired_with_the_process(ext4: Path) 
     )
     try:
         wait_attached(proc)
-        reader = dd(*read)
+        reader = direct.go()
+        direct.close()  # exited: to be retired
         time.sleep(1.0)  # several table intervals: the exited dd is retired meanwhile
         dump = subprocess.run(
             ["bpftool", "-j", "map", "dump", "name", "disk_io"],
@@ -192,6 +252,7 @@ def test_block_requests_in_the_summary_and_retired_with_the_process(ext4: Path) 
         out, err = proc.communicate(timeout=30)
     finally:
         reap(proc)
+        direct.close()
     assert proc.returncode == 0, err
     block = [json.loads(x) for x in out.splitlines() if '"type":"block"' in x.replace(" ", "")]
     mine = [b for b in block if b["pid"] == reader]
