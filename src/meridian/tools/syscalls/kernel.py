@@ -69,7 +69,6 @@ class Capture(Session):
         self.dtype: Any = None
         self._pids_epoch = 0  # pids_epoch's value: user space alone writes it
         self.path_cache = False  # fd paths cached in the kernel (kallsyms lists the locks)
-        self._locks: dict[str, int] = {}
 
     def setup(self, obj: BpfObject) -> None:
         o = self.opts
@@ -88,8 +87,8 @@ class Capture(Session):
                 "ring_bytes": size,
             }
         )
-        self._locks = kernel_data_addresses(PATH_CACHE_LOCKS)
-        self.path_cache = all(self._locks.values())  # else every fd's path is walked
+        locks = kernel_data_addresses(PATH_CACHE_LOCKS)
+        self.path_cache = all(locks.values())  # else every fd's path is walked
         comm = o.kernel_comm()
         if comm is not None:
             pat, fold = comm
@@ -110,7 +109,7 @@ class Capture(Session):
         for pid in o.pids:
             self.add_pid(pid, obj)
         if self.path_cache:
-            for i, addr in enumerate(self._locks.values()):
+            for i, addr in enumerate(locks.values()):
                 obj.maps["path_locks"].update(i, addr)
         obj.attach()
         assert obj.btf is not None
