@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -18,6 +19,7 @@ from meridian.tools.io import event_format as io_format
 from meridian.tools.io.cli import options_from_args
 from meridian.tools.io.event_format import CHUNK, EventFormatter
 from meridian.tools.io.model import summarize
+from meridian.tools.io.report import report
 
 if not object_path("io").exists():
     pytest.skip("BPF objects not built (make bpf)", allow_module_level=True)
@@ -274,3 +276,18 @@ def test_summary_names_the_process_start_as_ps_does() -> None:
     theirs = datetime.datetime.strptime(lstart, "%a %b %d %H:%M:%S %Y").timestamp()
     assert abs(ours - theirs) < 2.0  # ps: boot time and start both cut to whole seconds
     assert "start_time" not in PidSummary(1, "x").as_dict(1.0)
+
+
+def test_summary_tells_losses_from_what_had_no_process_to_charge() -> None:
+    """`wb_unattributed` (writeback of pages dirtied before tracing) and `failed` calls are
+    explained on lines of their own; only real losses follow `lost:`."""
+    out = io.StringIO()
+    counters = {"events_lost": 3, "wb_unattributed": 461, "failed": 0, "evicted": 0}
+    report([], counters, 1.0, False, out)
+    lines = out.getvalue().splitlines()
+    assert lines[-1] == "lost: events_lost=3"
+    assert lines[-2].startswith("wb_unattributed=461: block writes of pages dirtied before")
+    assert not any(x.startswith("failed") for x in lines)
+    out = io.StringIO()
+    report([], {"wb_unattributed": 5}, 1.0, False, out)
+    assert "lost" not in out.getvalue().replace("not a loss", "")

@@ -63,6 +63,13 @@ def test_frame_fits_the_terminal_and_shows_losses() -> None:
     assert "lost: events_lost=7" in plain(render(t.rows(), "bytes", 2, {"events_lost": 7}))[1]
 
 
+def test_writeback_without_a_dirtier_is_not_shown_as_lost() -> None:
+    """A first run shows the writeback of pages dirtied before it started: no loss."""
+    t = table_of({1: (1000, 0, 10)})
+    counters = {"wb_unattributed": 461, "failed": 2, "events_lost": 0}
+    assert "lost" not in plain(render(t.rows(), "bytes", 2, counters))[1]
+
+
 def test_capped_rows_are_labelled_with_process_counts() -> None:
     t = table_of({1: (5000, 0, 10), 2: (4000, 0, 10), 3: (3000, 0, 10)})
     lines = plain(render(t.rows(max_pids=1), "bytes", 1.0, {}))

@@ -12,12 +12,25 @@ from .block import BlockStats
 from .model import OPS, PidSummary
 from .writeback import WritebackStats
 
-__all__ = ["report"]
+__all__ = ["NOT_LOSSES", "losses", "report"]
 
 LATENCY = ["P50(us)", "P99(us)", "MAX(us)"]
 PIDS_HEADER = ["COMM", "PID", "OP", "OPS", "BYTES", "THROUGHPUT", *LATENCY, "HIT"]
 BLOCK_HEADER = ["COMM", "PID", "OP", "REQUESTS", "BYTES", *LATENCY]
 WRITEBACK_HEADER = ["COMM", "PID", "DEVICE", "REQUESTS", "BYTES", *LATENCY]
+# Counters that are no loss: nothing was dropped, there was only nobody to charge. Shown
+# apart, each with one line that says what it is, so a first run's writeback of pages
+# dirtied before the tool started does not read as lost data.
+NOT_LOSSES = {
+    "wb_unattributed": "block writes of pages dirtied before tracing started or by the "
+    "kernel itself (no process to charge them to; not a loss)",
+    "failed": "read and write calls that returned an error (not in the table)",
+}
+
+
+def losses(counters: dict[str, int]) -> dict[str, int]:
+    """The counters that are real losses (records or operations not counted), non-zero."""
+    return {k: v for k, v in counters.items() if v and k not in NOT_LOSSES}
 
 
 def _latency_us(hist: Hist, max_ns: int) -> list[str]:
@@ -98,6 +111,9 @@ def report(
             ],
             out,
         )
-    lost = {k: v for k, v in counters.items() if v}
+    for key, what in NOT_LOSSES.items():
+        if counters.get(key):
+            print(f"{key}={counters[key]}: {what}", file=out)
+    lost = losses(counters)
     if lost:
         print("lost: " + ", ".join(f"{k}={v}" for k, v in lost.items()), file=out)

@@ -19,6 +19,7 @@ from ...output import fmt_bytes
 from ...screen import Screen, frame
 from .model import empty_hist
 from .pid_table import PidTable, Row
+from .report import losses
 
 __all__ = ["SORTS", "check_terminal", "fmt_ns", "render", "run_top", "sort_rows"]
 
@@ -100,7 +101,7 @@ def render(
     rows = sort_rows(rows, sort)
     rd = sum(r.ops["read"].bytes_per_s[1] for r in rows)
     wr = sum(r.ops["write"].bytes_per_s[1] for r in rows)
-    dropped = ", ".join(f"{k}={v}" for k, v in lost.items() if v)
+    dropped = ", ".join(f"{k}={v}" for k, v in losses(lost).items())
     head = [
         f"meridian io --top  {clock()}  every {interval:g}s  sorted by {sort}  "
         f"processes {sum(r.processes for r in rows)}",
