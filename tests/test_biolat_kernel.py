@@ -16,6 +16,7 @@ from conftest import LoopDevice
 from strategies import every, run_or_skip
 
 from meridian.export import HistPoint, Point
+from meridian.proc import dev_major, dev_minor
 from meridian.tools.biolat import STRATEGIES, Biolat, Options
 from meridian.tools.biolat.metrics import series
 from meridian.tools.biolat.model import (
@@ -208,7 +209,7 @@ def test_cli_json_interval_and_ctrl_c_summary(loop_device: LoopDevice) -> None:
 
 
 def test_text_report_has_the_bcc_histogram(loop_device: LoopDevice) -> None:
-    args = ("-v", "-d", loop_device.name, "--sizes", "--depth", "--duration", "4")
+    args = ("-v", "-D", "-d", loop_device.name, "--sizes", "--depth", "--duration", "4")
     with attached("biolat", *args) as proc:
         dd(f"if={loop_device.path}", "of=/dev/null", "bs=4k", "count=64", "iflag=direct")
         out, _ = ended(proc, 30, None)
@@ -216,7 +217,11 @@ def test_text_report_has_the_bcc_histogram(loop_device: LoopDevice) -> None:
     assert "op = read" in out
     assert "      4096 -> 8191       : 64 " in out
     assert "sizes exact: p50 4096 bytes, p99 4096 bytes\n" in out
-    assert "queue depth at issue" in out
+    numbers = f"{dev_major(loop_device.dev)}:{dev_minor(loop_device.dev)}"
+    assert f"disk = {loop_device.name} ({numbers}), op = read" in out
+    assert f"disk = {loop_device.name} ({numbers}), queue depth at issue" in out
+    row = next(line.split() for line in out.splitlines() if line.startswith(loop_device.name))
+    assert row[1:4] == [numbers, "read", "64"]
 
 
 def test_sizes_of_a_mix_are_counted_exactly(loop_device: LoopDevice) -> None:

@@ -262,9 +262,10 @@ class Hist:
         lay = self._layout
         return quantile(lay.lows, lay.highs, self.counts, q, self.lo, self.hi)
 
-    def render(self, label: str | None = None) -> str:
-        """bcc/libbpf-tools print_log2_hist of the log2 slots, to the character."""
-        return render_slots(self.slots, label or self.unit)
+    def render(self, label: str | None = None, percent: bool = False) -> str:
+        """bcc/libbpf-tools print_log2_hist of the log2 slots, to the character; with
+        `percent`, each slot's share of the count after its bar."""
+        return render_slots(self.slots, label or self.unit, percent)
 
     def to_json(self) -> dict[str, Any]:
         """Count, p50, p99, min, max (when known), the quantiles' relative error and
@@ -462,8 +463,9 @@ class ExactCounts:
         }
 
 
-def render_slots(slots: np.ndarray[Any, Any], label: str) -> str:
-    """bcc/libbpf-tools print_log2_hist, to the character."""
+def render_slots(slots: np.ndarray[Any, Any], label: str, percent: bool = False) -> str:
+    """bcc/libbpf-tools print_log2_hist, to the character; `percent` adds each slot's
+    share of the count after the bar (biolat's report, exercise 1 of its lab)."""
     vals = [int(v) for v in slots]
     nonzero = [i for i, v in enumerate(vals) if v > 0]
     if not nonzero:
@@ -473,11 +475,14 @@ def render_slots(slots: np.ndarray[Any, Any], label: str) -> str:
     wide = idx_max > 32
     stars = STARS // 2 if wide else STARS
     width = 20 if wide else 10
-    lines = [f"{'':>{15 if wide else 5}}{label:<{29 if wide else 19}} : count    distribution"]
+    total = sum(vals)
+    head = f"{'':>{15 if wide else 5}}{label:<{29 if wide else 19}} : count    distribution"
+    lines = [head + (" " * (stars - 10) + " percent" if percent else "")]
     for i in range(idx_max + 1):
         low, high = slot_bounds(i)
         bar = _stars(vals[i], val_max, stars)
-        lines.append(f"{low:>{width}} -> {high:<{width}} : {vals[i]:<8} |{bar}|")
+        share = f" {100 * vals[i] / total:6.2f}%" if percent else ""
+        lines.append(f"{low:>{width}} -> {high:<{width}} : {vals[i]:<8} |{bar}|{share}")
     return "\n".join(lines)
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "Row",
     "Snapshot",
     "depth_rows",
+    "dev_numbers",
     "device_rows",
     "disk_name",
     "group",
@@ -123,6 +124,11 @@ def disk_name(dev: int | None) -> str:
     return "all" if dev is None else proc.device_name(dev)
 
 
+def dev_numbers(dev: int) -> str:
+    """major:minor of a kernel dev_t, as /proc/diskstats and lsblk show it."""
+    return f"{proc.dev_major(dev)}:{proc.dev_minor(dev)}"
+
+
 def op_name(op: int) -> str:
     return OPS[min(op, len(OPS) - 1)]
 
@@ -161,7 +167,7 @@ def device_rows(snap: Snapshot, opts: Options) -> list[Row]:
         rows.append(
             Row(
                 disk_name(dev),
-                "" if dev is None else f"{proc.dev_major(dev)}:{proc.dev_minor(dev)}",
+                "" if dev is None else dev_numbers(dev),
                 op_name(op),
                 sum(c.count for _, c in cells),
                 sum(c.bytes for _, c in cells),

@@ -17,6 +17,7 @@ from .model import (
     Options,
     Snapshot,
     depth_rows,
+    dev_numbers,
     device_rows,
     disk_name,
     group,
@@ -63,8 +64,16 @@ def report_json(snap: Snapshot, opts: Options) -> dict[str, Any]:
     return out
 
 
+def _disk(dev: int | None) -> str:
+    """The disk's name with its major:minor, as iostat and lsblk show them."""
+    name = disk_name(dev)
+    if dev is None or name == dev_numbers(dev):  # no name in /sys: the numbers alone
+        return name
+    return f"{name} ({dev_numbers(dev)})"
+
+
 def _head(dev: int | None, op: int, opts: Options) -> str:
-    disk = f"disk = {disk_name(dev)}, " if opts.per_disk else ""
+    disk = f"disk = {_disk(dev)}, " if opts.per_disk else ""
     return f"\n{disk}op = {op_name(op)}"
 
 
@@ -76,17 +85,17 @@ def report_text(snap: Snapshot, opts: Options, out: TextIO) -> None:
         print("no block I/O completed in this interval", file=out)
     for (dev, op), cells in groups.items():
         print(_head(dev, op, opts), file=out)
-        print(merged(cells, opts.unit, opts.unit_ns).render(), file=out)
+        print(merged(cells, opts.unit, opts.unit_ns).render(percent=True), file=out)
     if opts.queued:
         for (dev, op), cells in group(snap, KIND_QUEUE, opts.per_disk).items():
             print(f"{_head(dev, op, opts)}, queued (insert to issue)", file=out)
-            print(merged(cells, opts.unit, opts.unit_ns).render(), file=out)
+            print(merged(cells, opts.unit, opts.unit_ns).render(percent=True), file=out)
     if opts.sizes:
         _sizes_text(snap, groups, opts, out)
     if opts.depth:
         for dev, info in depth_rows(snap).items():
             print(
-                f"\ndisk = {disk_name(dev)}, queue depth at issue "
+                f"\ndisk = {_disk(dev)}, queue depth at issue "
                 f"(now {info['inflight']}, max {info['max']}, avg {info['avg']})",
                 file=out,
             )
@@ -148,6 +157,7 @@ def _stats_text(snap: Snapshot, opts: Options, out: TextIO) -> None:
         table.append(
             [
                 r.disk,
+                r.dev or "-",
                 r.op,
                 str(r.count),
                 f"{r.count / r.seconds:.1f}" if r.seconds else "-",
@@ -156,11 +166,9 @@ def _stats_text(snap: Snapshot, opts: Options, out: TextIO) -> None:
                 f"{r.sum_ns / r.count / opts.unit_ns:.1f}" if r.count else "-",
                 f"{r.hist.percentile(0.5):.0f}",
                 f"{r.hist.percentile(0.99):.0f}",
+                f"{r.hist.hi:.0f}" if r.hist.hi is not None else "-",
             ]
         )
     print(file=out)
-    print_table(
-        ["DISK", "OP", "COUNT", "IOPS", "MB/s", "AVG_SIZE", f"AVG({u})", f"P50({u})", f"P99({u})"],
-        table,
-        out,
-    )
+    head = ["DISK", "MAJ:MIN", "OP", "COUNT", "IOPS", "MB/s", "AVG_SIZE", f"AVG({u})"]
+    print_table([*head, f"P50({u})", f"P99({u})", f"MAX({u})"], table, out)
