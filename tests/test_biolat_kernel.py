@@ -16,12 +16,14 @@ from conftest import LoopDevice
 from strategies import every, run_or_skip
 
 from meridian.export import HistPoint, Point
+from meridian.hist import Layout
 from meridian.proc import dev_major, dev_minor
 from meridian.tools.biolat import STRATEGIES, Biolat, Options
 from meridian.tools.biolat.metrics import series
 from meridian.tools.biolat.model import (
     KIND_DEPTH,
     KIND_LATENCY,
+    Snapshot,
     depth_rows,
     device_rows,
     sizes_of,
@@ -145,6 +147,48 @@ def test_exact_counts_sizes_slow_events_and_depth(loop_device: LoopDevice, strat
     assert isinstance(now, Point) and now.value == depth["inflight"]
     assert snap.counters["events_lost"] == 0
     assert snap.counters["reqs_full"] == 0 and snap.counters["hists_full"] == 0
+
+
+def test_slow_events_above_a_threshold_equal_the_histograms_count_above_it(
+    loop_device: LoopDevice,
+) -> None:
+    """Exercise 3 at a threshold above 0 (the median of a first run, so requests fall on
+    both sides): every request of a latency bucket above the one that holds the
+    threshold is streamed, none of a bucket below it, and at most that bucket's count
+    in between; each streamed latency is at least the threshold."""
+    with Biolat(Options(disk=loop_device.dev)) as tool:
+        start = tool.snapshot()
+        known_workload(loop_device)
+        first = latency_buckets(tool.snapshot().since(start))
+    layout = Layout(len(first))
+    threshold_us = max(1, int(layout.lows[median_bucket(first)]))
+    opts = Options(disk=loop_device.dev, slow_ms=threshold_us / 1000)
+    with Biolat(opts) as tool:
+        start = tool.snapshot()
+        known_workload(loop_device)
+        snap = tool.snapshot().since(start)
+        counts = latency_buckets(snap)
+        events = drain(tool, int(counts.sum()), timeout=2.0)
+    latencies = [r["latency_ns"] for r in slow_records(events)]
+    assert min(latencies) >= threshold_us * 1000
+    at = layout.bucket_of(threshold_us)
+    streamed = np.zeros(len(counts), np.int64)
+    for ns in latencies:
+        streamed[layout.bucket_of(ns // 1000)] += 1
+    assert streamed[at + 1 :].tolist() == counts[at + 1 :].tolist()  # above: every one
+    assert streamed[:at].sum() == 0 and 0 <= streamed[at] <= counts[at]
+    assert 0 < len(latencies) < counts.sum()  # the threshold split the requests
+    assert snap.counters["events_lost"] == 0
+
+
+def latency_buckets(snap: Snapshot) -> np.ndarray[Any, Any]:
+    """The snapshot's latency buckets (usecs), summed over ops and size classes."""
+    cells = [c.buckets for k, c in snap.cells.items() if k[2] == KIND_LATENCY]
+    return np.sum(cells, axis=0).astype(np.int64)
+
+
+def median_bucket(counts: np.ndarray[Any, Any]) -> int:
+    return int(np.searchsorted(np.cumsum(counts), counts.sum() / 2))
 
 
 def test_plain_latency_counts_exactly_with_the_lightest_path(loop_device: LoopDevice) -> None:
