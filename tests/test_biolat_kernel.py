@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 from children import attached, ended, reap
 from conftest import LoopDevice
+from otlp_receiver import attrs, grpc_receiver
 from strategies import every, run_or_skip
 
 from meridian.export import HistPoint, Point
@@ -184,7 +186,8 @@ def test_slow_events_above_a_threshold_equal_the_histograms_count_above_it(
 def latency_buckets(snap: Snapshot) -> np.ndarray[Any, Any]:
     """The snapshot's latency buckets (usecs), summed over ops and size classes."""
     cells = [c.buckets for k, c in snap.cells.items() if k[2] == KIND_LATENCY]
-    return np.sum(cells, axis=0).astype(np.int64)
+    total: np.ndarray[Any, Any] = np.sum(cells, axis=0).astype(np.int64)
+    return total
 
 
 def median_bucket(counts: np.ndarray[Any, Any]) -> int:
@@ -336,3 +339,30 @@ def test_a_full_ring_counts_every_lost_record(loop_device: LoopDevice) -> None:
     assert delivered + lost == counted, (delivered, lost, counted, snap.counters)
     # ... and they counted the workload.
     unseen({"all": counted}, {"all": READS + WRITES}, snap.counters)
+
+
+def test_slow_requests_go_out_as_otlp_log_records(loop_device: LoopDevice) -> None:
+    """--otlp-logs: each streamed request is one log record (exercise 3, as io's events
+    are), its body the JSON object, its attributes the request's disk, op, process,
+    sector, size and latency; the count is the device's own."""
+    with grpc_receiver() as (port, got):
+        args = ("-v", "-d", loop_device.name, "--slow", "0", "--json")  # dd: 512-byte reads
+        otlp = ("--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-logs")
+        with attached("biolat", *args, *otlp) as proc:
+            stat0 = device_stat(loop_device)
+            reader = dd(f"if={loop_device.path}", "of=/dev/null", "count=50", "iflag=direct")
+            stat1 = device_stat(loop_device)
+            out, _ = ended(proc, 30, signal.SIGINT)
+    assert stat1[0] - stat0[0] == 50 and stat1[1] == stat0[1]
+    streamed = [json.loads(x) for x in out.splitlines() if '"slow_io"' in x]
+    records = got.log_records()
+    assert len(records) == len(streamed) == 50
+    assert [json.loads(r.body.string_value) for r in records] == streamed
+    for r, s in zip(records, streamed, strict=True):
+        a = attrs(r.attributes)
+        assert a["system.device"] == loop_device.name and a["disk.io.direction"] == "read"
+        assert (a["process.pid"], a["process.executable.name"]) == (reader, "dd")
+        assert (a["meridian.biolat.sector"], a["meridian.biolat.bytes"]) == (s["sector"], 512)
+        assert a["meridian.biolat.latency_ns"] == s["latency_ns"] > 0
+        completed = datetime.fromisoformat(s["wall_time"]).timestamp()
+        assert abs(r.time_unix_nano / 1e9 - completed) < 0.001  # timed at completion

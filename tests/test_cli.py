@@ -31,6 +31,10 @@ def one_line_exit_2(p: subprocess.CompletedProcess[str], needle: str) -> None:
         (["biolat", "1", "2.5"], "count must be a whole number"),
         (["biolat", "--slow", "fast"], "--slow takes milliseconds as a number"),
         (["biolat", "--slow", "-3"], "--slow must be 0 or more"),
+        (
+            ["biolat", "--otlp-endpoint", "http://127.0.0.1:1", "--otlp-logs"],
+            "--otlp-logs sends the slow requests: give --slow MS",
+        ),
         (["biolat", "-d", "nosuchdisk0"], "no block device 'nosuchdisk0'"),
         (["biolat", "--duration", "0"], "argument --duration: must be greater than 0"),
         (["biolat", "--bogus"], "unrecognized arguments"),

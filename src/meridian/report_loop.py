@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TextIO, TypeVar
 
-from .export import ExportOptions, Family, exporting
+from .export import Exporters, ExportOptions, Family, exporting
 from .output import JsonWriter
 
 __all__ = [
@@ -117,16 +117,17 @@ def run_histograms(
     report_json: Callable[[Any, Any, str], Any],
     report_text: Callable[[Any, Any, TextIO], None],
     *,
-    drain: Callable[[Any, float], None] | None = None,
+    drain: Callable[[Any, float, Exporters], None] | None = None,
     during: AbstractContextManager[Any] | None = None,
 ) -> int:
     """Attach a histogram tool's `session` and print its reports (text or JSON lines)
     per `opts` until done or Ctrl-C; with `opts.export`, the exporters read
-    `tool.metrics()` meanwhile. `drain(tool, seconds)` prints the events a tool
-    streams, waiting at most that long (the time between reports passes there, and
-    the last ones print at Ctrl-C); `during` (a workload) runs while the tool reports."""
+    `tool.metrics()` meanwhile. `drain(tool, seconds, exporters)` prints (and sends,
+    with --otlp-logs) the events a tool streams, waiting at most that long (the time
+    between reports passes there, and the last ones print at Ctrl-C); `during` (a
+    workload) runs while the tool reports."""
     json_out = JsonWriter(out) if opts.json else None
-    with session as tool, exporting(opts.export, tool.metrics, tool.name):
+    with session as tool, exporting(opts.export, tool.metrics, tool.name) as exporters:
         strategy = tool.strategy
 
         def ready() -> None:
@@ -151,11 +152,11 @@ def run_histograms(
             if drain is None:
                 time.sleep(seconds)
             else:
-                drain(tool, seconds)
+                drain(tool, seconds, exporters)
 
         def last_lines() -> None:
             if drain is not None:
-                drain(tool, 0)
+                drain(tool, 0, exporters)
             if not opts.json:
                 print(file=out)
 

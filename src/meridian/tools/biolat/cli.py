@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 from ... import proc
 from ...errors import UsageError
-from ...export import add_arguments
+from ...export import Exporters, add_arguments
 from ...flags import (
     add_command,
     add_duration,
@@ -37,6 +37,8 @@ EXAMPLES = """examples:
   meridian biolat --sizes         # request size histograms and latency by size
   meridian biolat --depth         # queue depth at each issue, per disk
   meridian biolat --slow 10       # stream each request slower than 10 ms
+  meridian biolat --slow 10 --otlp-endpoint http://localhost:4317 --otlp-logs
+                                  # ... and send each as an OTLP log record
   meridian biolat --json 1        # one JSON object per second
   meridian biolat --workload 10 1 # demo: a small O_DIRECT workload, one 10 s report
   meridian biolat --prometheus :9435   # per-disk histograms on /metrics, read on scrape
@@ -64,7 +66,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add_strategy(p, STRATEGIES)
     p.add_argument("--workload", action="store_true", help="run a small built-in disk workload")
     add_verbose(p)
-    add_arguments(p)
+    add_arguments(p, logs=True)
     return p
 
 
@@ -77,6 +79,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
             raise UsageError(f"--slow takes milliseconds as a number, got {args.slow!r}") from None
         if slow < 0 or slow != slow:
             raise UsageError(f"--slow must be 0 or more milliseconds, got {args.slow!r}")
+    if getattr(args, "otlp_logs", False) and slow is None:
+        raise UsageError("--otlp-logs sends the slow requests: give --slow MS (0: all)")
     disk = None
     if args.disk is not None:
         try:
@@ -104,8 +108,8 @@ def run_options(opts: Options, out: TextIO) -> int:
         banner += "\n" + SLOW_HEADER
     json_out = JsonWriter(out) if opts.json else None
 
-    def drain(tool: Biolat, seconds: float) -> None:
-        print_slow(tool.events(min(0.05, seconds)), out, json_out)
+    def drain(tool: Biolat, seconds: float, exporters: Exporters) -> None:
+        print_slow(tool.events(min(0.05, seconds)), out, json_out, exporters.logs)
 
     total = opts.duration or (opts.interval * opts.count if opts.interval and opts.count else None)
     return run_histograms(
