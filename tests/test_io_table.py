@@ -29,11 +29,24 @@ class FakeMap:
         self.comms: dict[int, bytes] = {}
 
     def io(
-        self, pid: int, op: int, cached: int, ops: int, nbytes: int, slot: int = 10, start: int = 0
+        self,
+        pid: int,
+        op: int,
+        cached: int,
+        ops: int,
+        nbytes: int,
+        slot: int = 10,
+        start: int = 0,
+        disk: tuple[int, int] = (0, 0),
     ) -> None:
-        c = self.cells.setdefault((pid, op, cached, start), {"ops": 0, "bytes": 0, "slots": {}})
+        """`disk`: the bytes the disk moved for these operations, and ns waited on it."""
+        c = self.cells.setdefault(
+            (pid, op, cached, start), {"ops": 0, "bytes": 0, "slots": {}, "disk": 0, "wait": 0}
+        )
         c["ops"] += ops
         c["bytes"] += nbytes
+        c["disk"] += disk[0]
+        c["wait"] += disk[1]
         c["slots"][slot] = c["slots"].get(slot, 0) + ops
 
     def snapshot(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -43,6 +56,7 @@ class FakeMap:
             keys[i]["pid"], keys[i]["op"], keys[i]["cached"] = pid, op, cached
             keys[i]["start"] = start
             vals[i, 1]["ops"], vals[i, 1]["bytes"] = c["ops"], c["bytes"]
+            vals[i, 1]["disk_bytes"], vals[i, 1]["io_wait_ns"] = c["disk"], c["wait"]
             vals[i, 1]["comm"] = self.comms.get(pid, b"proc%d" % pid)
             vals[i, 1]["first_ns"], vals[i, 1]["last_ns"] = 1, 2
             for slot, n in c["slots"].items():  # n latencies of 2**slot ns
@@ -76,7 +90,7 @@ def test_rolling_windows_are_exact_differences_of_snapshots() -> None:
     assert rd.ops == 70 and rd.bytes == 70_000 and rd.interval_ops == 0
     assert max(len(s.history) for s in table.series.values()) <= 20
     assert table.rolling()[100]["read"]["10s"] == {
-        "bytes_per_s": 500.0, "ops_per_s": 0.5, "span_s": 10.0
+        "bytes_per_s": 500.0, "ops_per_s": 0.5, "disk_bytes_per_s": 0.0, "span_s": 10.0
     }  # fmt: skip
 
 

@@ -41,12 +41,12 @@ def test_frame_columns_and_sort_orders() -> None:
     lines = plain(render(t.rows(), "bytes", 1.0, {"events_lost": 0}, clock=lambda: "12:00:00"))
     assert lines[0].startswith("meridian io --top  12:00:00  every 1s  sorted by bytes")
     assert lines[1] == "total read 4.1K/s  write 1M/s"  # nothing lost: not shown
-    assert lines[3].split() == ["PID", "COMM", "R/s", "W/s", "R", "OPS", "W", "OPS", "P50",
-                                "P99", "HIT%"]  # fmt: skip
+    assert lines[3].split() == ["PID", "COMM", "R/s", "W/s", "DISK", "R/s", "DISK", "W/s",
+                                "IO%", "R", "OPS", "W", "OPS", "P50", "P99", "HIT%"]  # fmt: skip
     body = [x.split() for x in lines[4:] if x.strip()]
     assert [b[0] for b in body] == ["2", "1", "3"]
     # 4 latencies of 2**20 ns: p50 and p99 are that value (min == max clamps them)
-    assert body[1] == ["1", "p1", "4K", "0", "4", "0", "1.0ms", "1.0ms", "100.0"]
+    assert body[1] == ["1", "p1", "4K", "0", "0", "0", "0.0", "4", "0", "1.0ms", "1.0ms", "100.0"]
     assert body[0][-1] == "0.0" and body[2][-1] == "80.0"  # 4 cached reads of 5 ops
     by_lat = [x.split()[0] for x in plain(render(t.rows(), "latency", 1.0, {}))[4:] if x]
     assert by_lat == ["3", "1", "2"]
@@ -61,6 +61,21 @@ def test_frame_fits_the_terminal_and_shows_losses() -> None:
     assert len([x for x in lines if x]) <= 10
     assert all(len(x) <= 40 for x in lines)
     assert "lost: events_lost=7" in plain(render(t.rows(), "bytes", 2, {"events_lost": 7}))[1]
+
+
+def test_disk_columns_are_iotops() -> None:
+    """DISK R/s and DISK W/s: what the disk moved for the calls in the last second; IO%:
+    the share of that second the process waited on the disk (its threads summed)."""
+    m, t = FakeMap(), PidTable(start_ns=0, alive=lambda pid, start: True)
+    t.update(*m.snapshot(), 0)
+    m.io(7, 0, 0, 3, 3 * 65536, 20, disk=(3 * 65536, NS // 4))  # 3 reads from the disk
+    m.io(7, 0, 1, 5, 5 * 4096, 10)  # 5 from the cache
+    m.io(7, 1, 0, 1, 8192, 12, disk=(4096, NS // 10))
+    m.io(8, 1, 0, 2, 2 * 4096, 12, disk=(0, 3 * NS // 2))  # two threads waited 1.5 s
+    t.update(*m.snapshot(), NS)
+    rows = {x.split()[0]: x.split() for x in plain(render(t.rows(), "bytes", 1.0, {}))[4:] if x}
+    assert rows["7"][2:7] == ["212K", "8K", "192K", "4K", "35.0"]
+    assert rows["8"][4:7] == ["0", "0", "150.0"]
 
 
 def test_writeback_without_a_dirtier_is_not_shown_as_lost() -> None:

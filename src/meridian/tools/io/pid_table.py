@@ -105,6 +105,10 @@ class OpView:
     last_ns: int = 0
     bytes_per_s: dict[int, float] = field(default_factory=lambda: dict.fromkeys(WINDOWS, 0.0))
     ops_per_s: dict[int, float] = field(default_factory=lambda: dict.fromkeys(WINDOWS, 0.0))
+    # iotop's DISK READ/s, DISK WRITE/s and IO%: bytes the disk moved for the op, and ns
+    # spent waiting on it, per second of the window
+    disk_bytes_per_s: dict[int, float] = field(default_factory=lambda: dict.fromkeys(WINDOWS, 0.0))
+    io_wait_ns_per_s: dict[int, float] = field(default_factory=lambda: dict.fromkeys(WINDOWS, 0.0))
     span_s: dict[int, float] = field(default_factory=lambda: dict.fromkeys(WINDOWS, 0.0))
     interval_ops: int = 0
     interval_cached_ops: int = 0
@@ -123,6 +127,8 @@ class OpView:
         for w in WINDOWS:
             self.bytes_per_s[w] += o.bytes_per_s[w]
             self.ops_per_s[w] += o.ops_per_s[w]
+            self.disk_bytes_per_s[w] += o.disk_bytes_per_s[w]
+            self.io_wait_ns_per_s[w] += o.io_wait_ns_per_s[w]
             self.span_s[w] = max(self.span_s[w], o.span_s[w])
         self.interval_ops += o.interval_ops
         self.interval_cached_ops += o.interval_cached_ops
@@ -160,7 +166,7 @@ class Row:
         self.processes += other.processes
 
 
-Sample = tuple[int, int, int, int]  # t_ns, ops, bytes, cached_ops
+Sample = tuple[int, int, int, int, int, int]  # t_ns, ops, bytes, cached, disk_bytes, io_wait_ns
 
 
 @dataclass
@@ -260,9 +266,9 @@ class PidTable:
             if not t.ops:
                 return
             # Not in the previous snapshot: its counters were zero then.
-            s = self.series[(pid, op)] = _Series(deque([(prev, 0, 0, 0)]))
+            s = self.series[(pid, op)] = _Series(deque([(prev, 0, 0, 0, 0, 0)]))
         cached = ps.total(op, True).ops
-        s.push((now, t.ops, t.bytes, cached))
+        s.push((now, t.ops, t.bytes, cached, t.disk_bytes, t.io_wait_ns))
         v = s.view
         last = s.history[-2] if len(s.history) >= 2 else s.history[-1]
         v.interval_ops = t.ops - last[1]
@@ -277,6 +283,8 @@ class PidTable:
             span = (now - old[0]) / NS
             v.bytes_per_s[w] = (t.bytes - old[2]) / span if span > 0 else 0.0
             v.ops_per_s[w] = (t.ops - old[1]) / span if span > 0 else 0.0
+            v.disk_bytes_per_s[w] = (t.disk_bytes - old[4]) / span if span > 0 else 0.0
+            v.io_wait_ns_per_s[w] = (t.io_wait_ns - old[5]) / span if span > 0 else 0.0
             v.span_s[w] = span
 
     def _retire(
@@ -349,7 +357,8 @@ class PidTable:
         return out
 
     def rolling(self) -> dict[int, dict[str, dict[str, dict[str, float]]]]:
-        """pid -> op -> "1s"/"10s"/"60s" -> bytes_per_s, ops_per_s, span_s (JSON-ready)."""
+        """pid -> op -> "1s"/"10s"/"60s" -> bytes_per_s, ops_per_s, disk_bytes_per_s,
+        span_s (JSON-ready)."""
         out: dict[int, dict[str, dict[str, dict[str, float]]]] = {}
         for (pid, op), s in self.series.items():
             v = s.view
@@ -357,6 +366,7 @@ class PidTable:
                 f"{w}s": {
                     "bytes_per_s": round(v.bytes_per_s[w], 1),
                     "ops_per_s": round(v.ops_per_s[w], 3),
+                    "disk_bytes_per_s": round(v.disk_bytes_per_s[w], 1),
                     "span_s": round(v.span_s[w], 3),
                 }
                 for w in WINDOWS

@@ -24,8 +24,14 @@ from .report import losses
 __all__ = ["SORTS", "check_terminal", "fmt_ns", "render", "run_top", "sort_rows"]
 
 SORTS = ("bytes", "latency", "ops")
-HEADER = ("PID", "COMM", "R/s", "W/s", "R OPS", "W OPS", "P50", "P99", "HIT%")
-WIDTHS = (7, 15, 8, 8, 7, 7, 7, 7, 6)  # 80 columns with the spaces
+# R/s, W/s: what the calls moved (cache or disk); DISK R/s, DISK W/s and IO% as iotop
+# shows them: what the disk moved for them, and the share of the interval asleep in I/O
+# wait within them (summed over the process's threads: over 100 when several wait).
+HEADER = (
+    *("PID", "COMM", "R/s", "W/s", "DISK R/s", "DISK W/s", "IO%"),
+    *("R OPS", "W OPS", "P50", "P99", "HIT%"),
+)
+WIDTHS = (7, 15, 8, 8, 8, 8, 6, 7, 7, 7, 7, 6)  # 105 columns with the spaces
 
 
 def fmt_ns(ns: float | None) -> str:
@@ -74,6 +80,9 @@ def _cells(row: Row) -> list[str]:
         row.comm[:15],
         fmt_bytes(rd.bytes_per_s[1]),
         fmt_bytes(wr.bytes_per_s[1]),
+        fmt_bytes(rd.disk_bytes_per_s[1]),
+        fmt_bytes(wr.disk_bytes_per_s[1]),
+        f"{sum(v.io_wait_ns_per_s[1] for v in row.ops.values()) / 1e7:.1f}",
         str(rd.interval_ops),
         str(wr.interval_ops),
         fmt_ns(_p(row, 0.5)),
