@@ -31,12 +31,14 @@ VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE     ?= localhost/meridian:$(VERSION)
 IMAGE_SRC := $(shell find src/meridian -name __pycache__ -prune -o -type f \( -name '*.py' -o -name '*.sql' -o -name py.typed \) -print)
 
-.PHONY: help deps venv bpf run test test-kernels image lint bench clean
+.PHONY: help deps venv bpf run test test-kernels wheel image deploy-test lint bench clean
 help:
 	@echo "make run    set up (Debian packages, venv, BPF objects) and run meridian io for 10 s"
 	@echo "make test   the same set-up, then the whole test suite"
 	@echo "make test-kernels   the kernel tests again on Debian's 6.1 and 6.12 kernels (QEMU guests)"
+	@echo "make wheel  $(BUILD)/dist/meridian_ebpf-$(VERSION)-py3-none-any.whl with the BPF objects (a host's pip install)"
 	@echo "make image  the OCI image $(IMAGE) in podman's store (Debian 12, no registry needed)"
+	@echo "make deploy-test   the rollout of deploy/ run here: the image's pods, ClickHouse, Prometheus"
 	@echo "make lint   ruff and mypy"
 	@echo "make bench  every benchmark in benchmarks/ (tables to copy into benchmarks/RESULTS.md)"
 
@@ -92,6 +94,10 @@ test-kernels: venv bpf $(BUILD)/.kernel-deps
 	$(PY) -m pip install -q -e '.[kernels]'
 	$(PY) tests/kernel_matrix.py $(KERNELS)
 
+# deploy/wheel.sh refuses a wheel without every BPF object (exit 2).
+wheel: venv bpf
+	deploy/wheel.sh $(PY) $(BUILD)/dist
+
 $(BUILD)/.image-deps: Makefile | $(BUILD)/.deps
 	$(call install_missing,$(IMAGE_PKGS))
 
@@ -101,9 +107,15 @@ image: venv bpf $(BUILD)/.image-deps
 	@podman image exists $(IMAGE) || rm -f $(BUILD)/image/.built
 	@$(MAKE) --no-print-directory $(BUILD)/image/.built
 
-$(BUILD)/image/.built: deploy/image/build.sh pyproject.toml $(IMAGE_SRC) $(BPF_OBJ)
+$(BUILD)/image/.built: deploy/image/build.sh deploy/wheel.sh pyproject.toml $(IMAGE_SRC) $(BPF_OBJ)
 	deploy/image/build.sh $(PY) $(BUILD)/image $(IMAGE)
 	@touch $@
+
+# The fleet rollout of deploy/, run on this machine (tests/deploy, marker `deploy`, which
+# `make test` leaves out): the image, each DaemonSet's pod template under podman kube
+# play as written, Debian's ClickHouse and Prometheus.
+deploy-test: image
+	$(PY) -m pytest -m deploy tests/deploy $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks

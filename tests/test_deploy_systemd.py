@@ -37,7 +37,7 @@ import yaml
 from children import build_c, patience, reap, wait_until
 from clickhouse_server import PASSWORD, ClickHouseServer, free_port, running_server
 from conftest import LoopDevice
-from unit_sandbox import KNOWN, Unit, caps, parse_unit, state_dirs
+from unit_sandbox import KNOWN, Unit, caps, parse_unit, state_dirs, syscall_filter
 
 from meridian.cli import build_parser
 from meridian.export.prometheus import parse_listen
@@ -88,11 +88,9 @@ def replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
 # ---- the unit files ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", UNITS)
-def test_systemd_analyze_verify_accepts_the_unit_silently(name: str, tmp_path: Path) -> None:
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed (Debian's systemd package)")
+def checkout_copy(name: str, tmp_path: Path) -> Path:
+    """The unit file with this checkout's meridian in place of the installed one, for
+    systemd-analyze (which wants the command to exist)."""
     text = (DEPLOY / f"{name}.service").read_text()
     argv = unit(name).exec_start()
     assert argv[0] == INSTALLED
@@ -105,8 +103,37 @@ def test_systemd_analyze_verify_accepts_the_unit_silently(name: str, tmp_path: P
         here.chmod(0o755)
     copy = tmp_path / f"{name}.service"
     copy.write_text(with_exec_start(text, [str(here), *argv[1:]]))
+    return copy
+
+
+@pytest.mark.parametrize("name", UNITS)
+def test_systemd_analyze_verify_accepts_the_unit_silently(name: str, tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (Debian's systemd package)")
+    copy = checkout_copy(name, tmp_path)
     got = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True)
     assert got.returncode == 0 and got.stdout + got.stderr == "", got.stdout + got.stderr
+
+
+@pytest.mark.parametrize("name", UNITS)
+def test_systemd_analyze_security_finds_calls_refused_and_files_private(
+    name: str, tmp_path: Path
+) -> None:
+    """systemd's own reading of the filter: the groups a service should not reach are
+    outside the allow list, and the other settings count as met."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (Debian's systemd package)")
+    copy = checkout_copy(name, tmp_path)
+    got = subprocess.run([analyze, "security", "--offline=true", "--no-pager", str(copy)],
+                         capture_output=True, text=True)  # fmt: skip
+    # a setting met is marked with a check mark, or + where the locale is not UTF-8
+    met = {line.split()[1] for line in got.stdout.splitlines() if line[:2] in ("\u2713 ", "+ ")}
+    refused = ["clock", "cpu-emulation", "module", "mount", "obsolete", "raw-io", "reboot", "swap"]
+    want = {f"SystemCallFilter=~@{group}" for group in refused}
+    want |= {"RestrictSUIDSGID=", "RestrictRealtime=", "UMask=", "SystemCallArchitectures="}
+    assert want <= met, got.stdout + got.stderr
 
 
 def test_verify_speaks_up_about_a_bad_option(tmp_path: Path) -> None:
@@ -168,6 +195,12 @@ def test_the_unit_is_hardened_with_only_the_capabilities_found_needed(name: str)
         assert u.flag(key), key
     assert u.value("ProtectSystem") == "strict" and u.value("ProtectHome") == "read-only"
     assert u.value("SystemCallArchitectures") == "native"
+    # a system service's calls and BPF's, any other refused (not killed); no set-uid
+    # files, no realtime scheduling, files for root only
+    assert u.values("SystemCallFilter") == ["@system-service bpf perf_event_open"]
+    assert u.value("SystemCallErrorNumber") == "EPERM"
+    assert u.flag("RestrictSUIDSGID") and u.flag("RestrictRealtime")
+    assert u.value("UMask") == "0077"
     assert u.value("LimitMEMLOCK") == "infinity"
     assert (u.value("Restart"), u.value("Type")) == ("on-failure", "exec")
     assert u.value("WantedBy", "Install") == "multi-user.target"
@@ -180,7 +213,8 @@ def test_the_unit_is_hardened_with_only_the_capabilities_found_needed(name: str)
         assert not u.flag("ProtectKernelTunables") and not u.flag("ProtectKernelLogs")
         assert {"/sys", "/proc/sys"} <= {p.lstrip("-") for p in u.words("ReadOnlyPaths")}
         assert u.words("InaccessiblePaths") == ["/proc/kmsg"]
-        assert u.values("SystemCallFilter") == ["~syslog"]
+        allowed = syscall_filter(u)
+        assert allowed is not None and allowed[0] and "syslog" not in allowed[1]
         assert u.words("StateDirectory") == ["meridian/sentinel"]
     else:
         assert u.flag("ProtectKernelTunables") and u.flag("ProtectKernelLogs")
@@ -505,6 +539,18 @@ def write(path):
     return attempt(f)
 
 
+# a file created with mode 0666 less the umask: its mode, and whether it may then be
+# made set-uid, set-gid (its owner's right)
+def new_file():
+    path = "/tmp/made"
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o666))
+    try:
+        return [oct(stat.S_IMODE(os.stat(path).st_mode)),
+                attempt(lambda: os.chmod(path, 0o4600)), attempt(lambda: os.chmod(path, 0o2600))]
+    finally:
+        os.unlink(path)
+
+
 status = dict(line.split(":", 1) for line in open("/proc/self/status"))
 page = libc.mmap(None, 4096, 3, 0x22, -1, 0)
 got = {
@@ -517,6 +563,12 @@ got = {
     "personality": call(libc.personality(0x0400000)),
     "syslog": call(libc.klogctl(10, None, 0)),
     "sethostname": call(libc.sethostname(b"x", 1)),
+    # SCHED_FIFO at priority 0: EINVAL from the kernel, EPERM from RestrictRealtime
+    "realtime": call(libc.sched_setscheduler(0, 1, ctypes.byref(ctypes.c_int(0)))),
+    # PTRACE_PEEKDATA of PID 0: ESRCH from the kernel, EPERM from SystemCallFilter
+    "ptrace": call(libc.ptrace(2, 0, None, None)),
+    "umask": status["Umask"].strip(),
+    "new_file": new_file(),
     "kallsyms": attempt(lambda: open("/proc/kallsyms").read(1 << 16)),
     "kallsyms_addresses": any(
         int(line.split()[0], 16) for line in open("/proc/kallsyms").readlines()[:100]
@@ -560,6 +612,10 @@ def test_the_sandbox_is_what_the_unit_says(name: str, run_dir: Path, tmp_path: P
     # MemoryDenyWriteExecute, RestrictNamespaces, LockPersonality, ProtectHostname
     assert got["wx_mmap"] == got["mprotect_exec"] == "EPERM"
     assert got["unshare_net"] == got["personality"] == got["sethostname"] == "EPERM"
+    # SystemCallFilter (ptrace is outside @system-service), RestrictRealtime,
+    # RestrictSUIDSGID, UMask
+    assert got["ptrace"] == got["realtime"] == "EPERM"
+    assert got["umask"] == "0077" and got["new_file"] == ["0o600", "EPERM", "EPERM"]
     # ProtectKernelLogs (io, biolat) or the sentinel's syslog filter and /proc/kmsg:
     # an empty mode-000 file in place of the kernel's log
     assert got["syslog"] == "EPERM" and got["kmsg"] == [0, False]

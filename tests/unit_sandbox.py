@@ -19,11 +19,12 @@ What it does, in systemd's order (src/core/namespace.c and seccomp-util.c of sys
   mode-000 file or directory mounted over the path, as systemd's /run/systemd/inaccessible;
 - the resource limits (Limit*=; one the host's hard limit does not allow, without
   CAP_SYS_RESOURCE, is lowered to that limit, and said on stderr);
-- NoNewPrivileges=, then the seccomp filters of MemoryDenyWriteExecute=,
+- NoNewPrivileges=, UMask=, then the seccomp filters of MemoryDenyWriteExecute=,
   RestrictAddressFamilies=, RestrictNamespaces=, LockPersonality=,
-  SystemCallArchitectures=native, SystemCallFilter=~ (deny lists), ProtectClock=,
-  ProtectKernelModules=, ProtectKernelLogs=, ProtectHostname= and PrivateDevices=,
-  through libseccomp;
+  SystemCallArchitectures=native, SystemCallFilter= (allow or deny lists, with
+  SystemCallErrorNumber=EPERM; its @groups as this host's systemd-analyze lists them),
+  RestrictSUIDSGID=, RestrictRealtime=, ProtectClock=, ProtectKernelModules=,
+  ProtectKernelLogs=, ProtectHostname= and PrivateDevices=, through libseccomp;
 - exec of setpriv with CapabilityBoundingSet= as the bounding set and no inheritable
   capabilities, which execs ARGV as root's uid: its capabilities are the bounding set.
 """
@@ -37,6 +38,7 @@ import resource
 import shlex
 import shutil
 import stat
+import subprocess
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -54,7 +56,8 @@ KNOWN = {
     "ProtectKernelLogs", "ProtectControlGroups", "ProtectClock", "ProtectHostname",
     "ReadOnlyPaths", "InaccessiblePaths", "SystemCallFilter", "SystemCallErrorNumber",
     "RestrictAddressFamilies", "RestrictNamespaces", "LockPersonality",
-    "MemoryDenyWriteExecute", "SystemCallArchitectures",
+    "MemoryDenyWriteExecute", "SystemCallArchitectures", "RestrictSUIDSGID",
+    "RestrictRealtime", "UMask",
 }  # fmt: skip
 
 
@@ -331,7 +334,7 @@ def set_limits(unit: Unit) -> None:
 # ---- seccomp ---------------------------------------------------------------------------
 
 SCMP_ACT_ALLOW = 0x7FFF0000
-CMP_NE, CMP_GE, CMP_EQ, CMP_MASKED_EQ = 1, 5, 4, 7
+CMP_NE, CMP_GE, CMP_EQ, CMP_GT, CMP_MASKED_EQ = 1, 5, 4, 6, 7
 PROT_WRITE, PROT_EXEC, SHM_EXEC = 0x2, 0x4, 0o100000
 AF_MAX = 46
 FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16, "AF_PACKET": 17}
@@ -341,6 +344,12 @@ CLOCK = ["adjtimex", "clock_adjtime", "clock_adjtime64", "clock_settime", "clock
 RAW_IO = ["ioperm", "iopl", "pciconfig_iobase", "pciconfig_read", "pciconfig_write",
           "s390_pci_mmio_read", "s390_pci_mmio_write"]  # fmt: skip
 MODULE = ["delete_module", "finit_module", "init_module"]
+# RestrictSUIDSGID=: each call's mode argument (seccomp-util.c's seccomp_restrict_sxid)
+SXID_MODE_ARG = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "mkdir": 1, "mkdirat": 2,
+                 "mknod": 1, "mknodat": 2, "creat": 1}  # fmt: skip
+# RestrictRealtime=: SCHED_OTHER, SCHED_BATCH and SCHED_IDLE stay; every other policy
+# below SCHED_IDLE (FIFO, RR, ISO) and every one above it (DEADLINE) is refused
+SCHED_IDLE, REALTIME = 5, [1, 2, 4]
 
 
 class ArgCmp(ctypes.Structure):
@@ -357,7 +366,7 @@ def act_errno(err: int) -> int:
 
 
 class Filter:
-    def __init__(self) -> None:
+    def __init__(self, default: int = SCMP_ACT_ALLOW) -> None:
         self.lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
         self.lib.seccomp_init.restype = ctypes.c_void_p
         self.lib.seccomp_init.argtypes = [ctypes.c_uint32]
@@ -366,7 +375,7 @@ class Filter:
         ]  # fmt: skip
         self.lib.seccomp_load.argtypes = [ctypes.c_void_p]
         self.lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-        self.ctx = self.lib.seccomp_init(SCMP_ACT_ALLOW)  # native architecture only
+        self.ctx = self.lib.seccomp_init(default)  # native architecture only
         if not self.ctx:
             raise OSError("seccomp_init failed")
 
@@ -389,7 +398,45 @@ class Filter:
             raise OSError(-rc, f"seccomp_load: {os.strerror(-rc)}")
 
 
-def build_filter(unit: Unit) -> Filter | None:
+def syscall_group(name: str) -> set[str]:
+    """A systemd system call group (@system-service) with the groups in it expanded,
+    as this host's systemd defines it."""
+    out = subprocess.run(["systemd-analyze", "syscall-filter", name], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    calls: set[str] = set()
+    for line in out.splitlines()[1:]:  # the first is the group's own name
+        word = line.strip()
+        if word.startswith("@"):
+            calls |= syscall_group(word)
+        elif word and not word.startswith("#"):
+            calls.add(word)
+    return calls
+
+
+def syscall_names(words: Iterable[str]) -> set[str]:
+    return set().union(*(syscall_group(w) if w.startswith("@") else {w} for w in words))
+
+
+def syscall_filter(unit: Unit) -> tuple[bool, set[str]] | None:
+    """SystemCallFilter= as systemd reads it: (an allow list?, its calls). The first
+    assignment decides which kind; an allow list starts with @default, as systemd's
+    does; a later assignment of the other kind (~ or not) takes its calls out."""
+    specs = unit.values("SystemCallFilter")
+    if not specs:
+        return None
+    allow = not specs[0].startswith("~")
+    calls = syscall_group("@default") if allow else set()
+    for spec in specs:
+        names = syscall_names(spec.removeprefix("~").split())
+        calls = calls | names if spec.startswith("~") != allow else calls - names
+    return allow, calls
+
+
+def build_filters(unit: Unit) -> list[Filter]:
+    """The seccomp filters: one of rules that refuse (the calls an option forbids),
+    and SystemCallFilter='s allow list, whose default refuses, if there is one. The
+    kernel runs every filter loaded: the most restrictive answer wins."""
+    filters = []
     f = Filter()
     used = False
     eperm = act_errno(errno.EPERM)
@@ -428,10 +475,33 @@ def build_filter(unit: Unit) -> Filter | None:
     if arch not in (None, "native"):
         raise SystemExit(f"unit_sandbox: SystemCallArchitectures={arch} is not emulated")
     used = used or arch == "native"  # the filter's only architecture: others are killed
-    for spec in unit.values("SystemCallFilter"):
-        if not spec.startswith("~") or unit.value("SystemCallErrorNumber") != "EPERM":
-            raise SystemExit("unit_sandbox: only deny lists with SystemCallErrorNumber=EPERM")
-        f.deny(spec[1:].split())
+    chosen = syscall_filter(unit)
+    if chosen is not None:
+        if unit.value("SystemCallErrorNumber") != "EPERM":
+            raise SystemExit("unit_sandbox: SystemCallFilter= needs SystemCallErrorNumber=EPERM")
+        allow, calls = chosen
+        if allow:
+            only = Filter(eperm)
+            for name in sorted(calls):
+                only.rule(SCMP_ACT_ALLOW, name)
+            filters.append(only)
+        else:
+            f.deny(calls)
+            used = True
+    if unit.flag("RestrictSUIDSGID"):
+        for bit in (stat.S_ISUID, stat.S_ISGID):
+            for name, arg in SXID_MODE_ARG.items():
+                f.rule(eperm, name, (arg, CMP_MASKED_EQ, bit, bit))
+            f.rule(eperm, "open", (1, CMP_MASKED_EQ, os.O_CREAT, os.O_CREAT),
+                   (2, CMP_MASKED_EQ, bit, bit))  # fmt: skip
+            f.rule(eperm, "openat", (2, CMP_MASKED_EQ, os.O_CREAT, os.O_CREAT),
+                   (3, CMP_MASKED_EQ, bit, bit))  # fmt: skip
+        f.deny(["openat2"], errno.ENOSYS)  # its mode is in a struct: glibc falls back
+        used = True
+    if unit.flag("RestrictRealtime"):
+        for policy in REALTIME:
+            f.rule(eperm, "sched_setscheduler", (1, CMP_EQ, policy, 0))
+        f.rule(eperm, "sched_setscheduler", (1, CMP_GT, SCHED_IDLE, 0))
         used = True
     for key, names in (("ProtectClock", CLOCK), ("ProtectKernelModules", MODULE),
                        ("ProtectKernelLogs", ["syslog"]), ("PrivateDevices", RAW_IO),
@@ -439,7 +509,7 @@ def build_filter(unit: Unit) -> Filter | None:
         if unit.flag(key):
             f.deny(names)
             used = True
-    return f if used else None
+    return [f, *filters] if used else filters
 
 
 # ---- the whole -------------------------------------------------------------------------
@@ -471,8 +541,10 @@ def main(argv: list[str]) -> None:
     exe = shutil.which("setpriv")
     if exe is None:
         raise SystemExit("unit_sandbox: setpriv is not installed (util-linux)")
-    f = build_filter(unit)
-    if f is not None:
+    umask = unit.value("UMask")
+    if umask is not None:
+        os.umask(int(umask, 8))
+    for f in build_filters(unit):
         f.load()
     os.execv(exe, [*setpriv, "--", *command])
 

@@ -9,7 +9,8 @@
 #   deploy/image/build.sh PYTHON WORKDIR TAG
 #
 # PYTHON: a Python with pip on this host (the project's venv), which builds the wheel
-# and fetches the dependencies; WORKDIR: build/image; TAG: localhost/meridian:VERSION.
+# (deploy/wheel.sh, as `make wheel`) and fetches the dependencies; WORKDIR: build/image;
+# TAG: localhost/meridian:VERSION.
 set -euo pipefail
 
 PY=$1
@@ -41,23 +42,15 @@ MIRRORS=(
 test "$(id -u)" = 0 || { echo "error: make image needs root (mmdebstrap --mode=root, rootful podman)" >&2; exit 2; }
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
-STAGE=$WORK/stage
 WHEELS=$WORK/wheelhouse
 TAR=$WORK/rootfs.tar
-trap 'rm -rf "$STAGE" "$WHEELS" "$TAR"' EXIT
+trap 'rm -rf "$WHEELS" "$TAR"' EXIT
 
-for obj in "$ROOT"/src/meridian/bpfobj/*.bpf.o; do
-  test -s "$obj" || { echo "error: no BPF objects in src/meridian/bpfobj (make bpf)" >&2; exit 2; }
-done
-
-# 1. The wheel, built from a copy of the sources: building in the checkout would
-#    leave build/ and *.egg-info in it. The BPF objects go in as package data; they
-#    are CO-RE, so the ones built against this kernel's BTF load on other kernels.
-rm -rf "$STAGE" "$WHEELS" && mkdir -p "$STAGE"
-cp "$ROOT/pyproject.toml" "$ROOT/README.md" "$STAGE/"
-tar -C "$ROOT" --exclude=__pycache__ -cf - src | tar -C "$STAGE" -xf -
-"$PY" -m pip wheel -q --no-deps -w "$WHEELS" "$STAGE"
-WHEEL=$(ls "$WHEELS"/meridian_ebpf-*.whl)
+# 1. The wheel, by the script `make wheel` runs: it refuses one without every BPF
+#    object (exit 2, make bpf). They go in as package data; they are CO-RE, so the
+#    ones built against this kernel's BTF load on other kernels.
+rm -rf "$WHEELS"
+WHEEL=$("$ROOT/deploy/wheel.sh" "$PY" "$WHEELS")
 
 # 2. The dependencies as binary wheels for the image's Python and glibc, and pip
 #    itself to install them (run from its wheel: the image keeps no pip). Fetched
