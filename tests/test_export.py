@@ -269,18 +269,24 @@ def test_validate_with_export_options_is_one_line_exit_2(tool: str) -> None:
     assert "validate exports nothing" in r.stderr
 
 
-def test_sparse_le_buckets_keep_every_bound_around_non_empty_slots() -> None:
+def test_le_buckets_are_every_bound_of_the_range_whatever_the_slots() -> None:
     from meridian.export.prometheus import log2_le_buckets
+    from meridian.export.series import COUNTS
 
     slots = np.zeros(10, dtype=np.uint64)
     slots[3], slots[4], slots[7] = 1, 2, 3
-    got = log2_le_buckets(HistPoint({}, slots, 1.0, 0.0))
-    # slots 2..4 and 6..7: bounds 8, 16, 32, then 128, 256; +Inf is the total.
-    assert got == [("8.0", 0), ("16.0", 1), ("32.0", 3), ("128.0", 3), ("256.0", 6), ("+Inf", 6)]
+    got = log2_le_buckets(HistPoint({}, slots, 1.0, 0.0), COUNTS)
+    # every slot bound from 2 to 512 (slot 9 is the overflow: only in +Inf), cumulative
+    assert got == [("2.0", 0), ("4.0", 0), ("8.0", 0), ("16.0", 1), ("32.0", 3), ("64.0", 3),
+                   ("128.0", 3), ("256.0", 6), ("512.0", 6), ("+Inf", 6)]  # fmt: skip
     slots[:] = 0
-    slots[9] = 4  # only the overflow slot: its lower bound, then +Inf
-    assert log2_le_buckets(HistPoint({}, slots, 1.0, 0.0)) == [("512.0", 0), ("+Inf", 4)]
-    assert log2_le_buckets(HistPoint({}, np.zeros(4, np.uint64), 1.0, 0.0)) == [("+Inf", 0)]
+    slots[9] = 4  # only the overflow slot: every bound 0, then +Inf
+    assert log2_le_buckets(HistPoint({}, slots, 1.0, 0.0), COUNTS) == [
+        *((str(float(2**k)), 0) for k in range(1, 10)),
+        ("+Inf", 4),
+    ]
+    empty = HistPoint({}, np.zeros(4, np.uint64), 1.0, 0.0)
+    assert log2_le_buckets(empty, COUNTS) == [("2.0", 0), ("4.0", 0), ("8.0", 0), ("+Inf", 0)]
 
 
 def test_metrics_cap_keeps_the_busiest_and_sums_the_rest_into_other() -> None:

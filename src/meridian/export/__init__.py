@@ -12,9 +12,10 @@ from the aggregates (both fed by a tool's `Source`) and OTLP logs from events.
 """
 
 from .options import Exporters, ExportOptions, add_arguments, exporting, from_args
-from .series import Family, HistPoint, Point, Source, log2_bounds
+from .series import BucketRange, Family, HistPoint, Point, Source
 
 __all__ = [
+    "BucketRange",
     "ExportOptions",
     "Exporters",
     "Family",
@@ -24,5 +25,4 @@ __all__ = [
     "add_arguments",
     "exporting",
     "from_args",
-    "log2_bounds",
 ]

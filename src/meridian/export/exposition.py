@@ -6,7 +6,9 @@ the unit becomes a suffix (`By` -> `_bytes`, `s` -> `_seconds`, `1` -> `_ratio` 
 gauges; annotations such as `{operation}` add nothing), counters end in `_total`.
 So `process.disk.io` in bytes is `process_disk_io_bytes_total`, and the attribute
 `process.pid` is the label `process_pid`. Histograms are Prometheus histograms in
-seconds whose `le` bounds are the kernel's log2 slot bounds.
+seconds whose `le` bounds are the kernel's log2 slot bounds in the family's range
+(series.py, `BucketRange`): the same bounds for every series of a family, so that
+`histogram_quantile(q, sum by (le) (...))` over several series is right.
 
 Why not prometheus_client's objects: a scrape of `meridian io` with 1,000 processes
 is ~64,000 samples, and building a metric family object per series and then
@@ -20,9 +22,12 @@ the tests check byte for byte.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from functools import cache
 
-from .series import Attrs, Family, HistPoint, Point
+import numpy as np
+
+from .series import Attrs, BucketRange, Buckets, Family, HistPoint, Point
 
 __all__ = [
     "CONTENT_TYPE",
@@ -49,6 +54,7 @@ def prom_name(name: str, unit: str, kind: str) -> str:
     return base
 
 
+@cache  # attribute keys are few, and a scrape asks for each thousands of times
 def prom_label(key: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", key)
 
@@ -59,25 +65,24 @@ def label_value(v: str | int | bool) -> str:
     return str(v)
 
 
-def log2_le_buckets(p: HistPoint) -> list[tuple[str, int]]:
-    """Cumulative `le` buckets in seconds for the kernel's log2 slots, sparse: the upper
-    bound of each non-empty slot and of the slot below it, then +Inf (which also holds
-    the last slot). The bounds left out sit between two equal cumulative counts, so
-    `histogram_quantile` gives what it would with all of them; a series of 40 slots
-    does not become 41 series per label set, and a bound once shown stays (counts only
-    grow)."""
-    counts = [int(n) for n in p.slots.tolist()]
-    last = len(counts) - 1  # the overflow slot: only in +Inf
-    keep = {j for i, n in enumerate(counts[:last]) if n for j in (i - 1, i) if j >= 0}
-    if last >= 1 and counts[last]:
-        keep.add(last - 1)
-    out, cum = [], 0
-    for i in range(last):
-        cum += counts[i]
-        if i in keep:
-            out.append((repr(float(1 << (i + 1)) * p.scale), cum))
-    out.append(("+Inf", p.count))
-    return out
+def log2_le_buckets(p: HistPoint, bounds: BucketRange) -> list[tuple[str, int]]:
+    """Cumulative `le` buckets of one series of a family whose bounds are `bounds`:
+    each bound of the range, then +Inf (the count). Every series of the family gets the
+    same bounds, so `sum by (le)` over them is the histogram of their merged values."""
+    b = bounds.of(len(p.slots), p.scale)
+    return list(zip(_le_texts(b), b.cumulative(p.slots), strict=True))
+
+
+def _le_texts(b: Buckets) -> tuple[str, ...]:
+    return (*(repr(x) for x in b.bounds), "+Inf")
+
+
+def _bucket_lines(name: str, les: tuple[str, ...], suffix: str) -> str:
+    """A format string of one series' `_bucket` lines: {0} and {1} the label text
+    before and after `le`, {2}... the cumulative counts (each followed by `suffix`)."""
+    return "".join(
+        f'{name}_bucket{{0}}le="{le}"{{1}} {{{k}}}{suffix}\n' for k, le in enumerate(les, start=2)
+    )
 
 
 def go_float(d: float) -> str:
@@ -133,6 +138,30 @@ class _Labels:
         return got
 
 
+def _histogram(name: str, fam: Family, labels: _Labels) -> Iterator[str]:
+    """A histogram family's lines. Per kernel layout (slot count and scale: one per
+    family in practice, whose series stay in order), the cumulative counts of every
+    series come from one numpy pass and the bucket lines from one format string, so a
+    series costs one `format` call."""
+    by_layout: dict[tuple[int, float], list[HistPoint]] = {}
+    for p in fam.points:
+        assert isinstance(p, HistPoint)
+        by_layout.setdefault((len(p.slots), p.scale), []).append(p)
+    for layout, points in by_layout.items():
+        b = fam.bounds.of(*layout)
+        les = _le_texts(b)
+        whole_counts, preformatted = _bucket_lines(name, les, ".0"), _bucket_lines(name, les, "")
+        rows = b.cumulative_rows(np.stack([p.slots for p in points]))
+        for p, cum in zip(points, rows, strict=True):
+            whole, head, tail = labels.of(p.attrs)
+            if cum[-1] < 1_000_000:  # each count as _num writes it: "12.0"
+                yield whole_counts.format(head, tail, *cum)
+            else:
+                yield preformatted.format(head, tail, *map(_num, cum))
+            yield f"{name}_count{whole} {_num(cum[-1])}\n"
+            yield f"{name}_sum{whole} {go_float(p.sum)}\n"
+
+
 def render(fams: Iterable[Family]) -> str:
     """The exposition text of these families (each family's points may carry
     different attribute keys: every sample shows its own)."""
@@ -146,13 +175,7 @@ def render(fams: Iterable[Family]) -> str:
         help_ = fam.description.replace("\\", "\\\\").replace("\n", "\\n")
         add(f"# HELP {name} {help_}\n# TYPE {name} {fam.kind}\n")
         if fam.kind == "histogram":
-            for p in fam.points:
-                assert isinstance(p, HistPoint)
-                whole, head, tail = labels.of(p.attrs)
-                for le, cum in log2_le_buckets(p):
-                    add(f'{name}_bucket{head}le="{le}"{tail} {_num(cum)}\n')
-                add(f"{name}_count{whole} {_num(p.count)}\n")
-                add(f"{name}_sum{whole} {go_float(p.sum)}\n")
+            out.extend(_histogram(name, fam, labels))
             continue
         for p in fam.points:
             assert isinstance(p, Point)

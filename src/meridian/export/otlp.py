@@ -5,10 +5,14 @@ builds an ExportMetricsServiceRequest with the generated `opentelemetry-proto`
 messages and sends it (transport.py, gRPC or HTTP/protobuf). Nothing is recorded per
 event, and nothing goes through the SDK's instruments: the API has no observable
 histogram, and feeding a synchronous one a `record()` per event is the per-event cost
-the kernel aggregates exist to avoid (and re-bucketing would lose the kernel's exact
-slots). Each `HistogramDataPoint` has the log2 slot bounds in seconds as
-`explicit_bounds`, the kernel's slots as `bucket_counts`, an exact `sum`, `max` (and
-`min`) when the kernel keeps them. Temporality is cumulative since the tool attached:
+the kernel aggregates exist to avoid (and re-bucketing would blur the kernel's slots).
+Each `HistogramDataPoint` has the family's bounds as `explicit_bounds` (the log2 slot
+bounds in its range, series.py: the same for every point of the family and the same
+as Prometheus' `le`), the kernel's slots in those buckets as `bucket_counts` (slots
+below the range in the first, above it in the last), an exact `sum`, `max` (and
+`min`) when the kernel keeps them. Not exponential histograms: their bounds are powers
+of two of the metric's unit, seconds, and a slot of 2**i ns is not one (nor are its
+bounds inclusive on the same side). Temporality is cumulative since the tool attached:
 an export that fails loses nothing, the next one carries the totals. Requests carry at
 most `BATCH_POINTS` data points.
 
@@ -31,7 +35,7 @@ from urllib.parse import urlsplit
 from .. import __version__
 from ..backoff import Backoff
 from ..errors import UsageError
-from .series import Family, HistPoint, Point, Source, log2_bounds
+from .series import Family, HistPoint, Point, Source
 from .transport import Endpoint, FirstFailure, Transport
 
 __all__ = ["OtlpMetrics", "check_endpoint", "parse_header"]
@@ -201,9 +205,10 @@ class OtlpMetrics:
                 dp = m.histogram.data_points.add()
                 _attrs(dp.attributes, p.attrs)
                 dp.start_time_unix_nano, dp.time_unix_nano = self.start_ns, now
+                b = fam.bounds.of(len(p.slots), p.scale)
                 dp.count, dp.sum = p.count, p.sum
-                dp.bucket_counts.extend(int(n) for n in p.slots.tolist())
-                dp.explicit_bounds.extend(log2_bounds(len(p.slots), p.scale))
+                dp.bucket_counts.extend(b.counts(p.slots))
+                dp.explicit_bounds.extend(b.bounds)
                 if p.min is not None:
                     dp.min = p.min
                 if p.max is not None:

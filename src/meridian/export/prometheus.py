@@ -56,7 +56,8 @@ def families(source: Source) -> Iterator[Any]:
             h = HistogramMetricFamily(name, fam.description, labels=labels)
             for p in fam.points:
                 assert isinstance(p, HistPoint)
-                h.add_metric([label_value(p.attrs[k]) for k in keys], log2_le_buckets(p), p.sum)
+                values = [label_value(p.attrs[k]) for k in keys]
+                h.add_metric(values, log2_le_buckets(p, fam.bounds), p.sum)
             yield h
             continue
         cls = CounterMetricFamily if fam.kind == "counter" else GaugeMetricFamily
