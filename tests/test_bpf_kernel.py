@@ -214,6 +214,15 @@ def test_doctor_says_why_fentry_and_kprobes_are_refused() -> None:
     assert j["lockdown"] == mode
     assert j["features"]["kprobe"]["ok"] == kprobe_events.exists()
     assert bool(j["features"]["kprobe"]["why"]) != kprobe_events.exists()
+    # which strategies need tracefs (a container without it runs the others), each
+    # tool's in the order tried, as its declaration says; marked * in the text
+    assert (j["tracefs"], j["tracefs_mounted"]) == ("/sys/kernel/tracing", True)
+    for tool in (io, memlat, runqlat, syscalls):
+        name = tool.__name__.rsplit(".", 1)[1]
+        listed = [(s["name"], s["needs_tracefs"]) for s in j["strategy_needs"][name]]
+        assert listed == [(s.name, s.needs_tracefs) for s in tool.STRATEGIES]
+        marked = ", ".join(s.name + "*" * s.needs_tracefs for s in tool.STRATEGIES)
+        assert any(ln.split()[:1] == [name] and ln.endswith(f" [{marked}]") for ln in lines)
 
 
 def test_probes_agree_with_the_kernel() -> None:

@@ -107,3 +107,21 @@ def test_running_pids() -> None:
     assert running_pids([os.getpid()]) == [os.getpid()]
     with pytest.raises(UsageError, match="no process with PID 999999999"):
         running_pids([999999999])
+
+
+def test_doctor_lists_the_strategies_that_need_tracefs() -> None:
+    """doctor's `strategy_needs` (and the * of its text): only tracepoint/ programs and
+    legacy kprobes need tracefs; io's disk signals are tracepoints under every strategy."""
+    from meridian.tools import doctor
+
+    needs = doctor._tracefs_needs()
+    biolat = {s["name"]: s["needs_tracefs"] for s in needs["biolat"]}
+    assert biolat == {"tp_btf": False, "tracepoint": True}
+    assert doctor._marked(needs["runqlat"]) == "tp_btf, tracepoint*"
+    assert all(s["needs_tracefs"] for s in needs["io"])
+    assert not any(s["needs_tracefs"] for s in needs["sentinel"])
+    assert needs["memlat"][0] == {
+        "name": "fentry",
+        "needs": ["fentry", "tp_btf"],
+        "needs_tracefs": False,
+    }

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+from collections.abc import Sequence
 
 __all__ = [
     "BpfError",
@@ -66,12 +67,26 @@ class NoBTF(EnvironmentProblem):
 
 
 class TracefsMissing(EnvironmentProblem):
-    def __init__(self, detail: str = "") -> None:
+    """tracefs is neither mounted nor mountable here (a container without the host's):
+    `detail` says why the mount failed, `strategies` which need it (their tracepoint/
+    programs or legacy kprobes), `others` why the rest were refused."""
+
+    FIX = "mount -t tracefs tracefs /sys/kernel/tracing, or mount the host's into the container"
+
+    def __init__(self, detail: str = "", strategies: Sequence[str] = (), others: str = "") -> None:
+        self.detail = detail
         extra = f" ({detail})" if detail else ""
-        super().__init__(
-            "tracefs is not mounted and could not be mounted"
-            f"{extra}: run mount -t tracefs tracefs /sys/kernel/tracing"
-        )
+        if strategies:
+            who = "strategy" if len(strategies) == 1 else "strategies"
+            verb = "needs" if len(strategies) == 1 else "need"
+            what = (
+                f"{who} {', '.join(strategies)} {verb} tracefs at /sys/kernel/tracing, "
+                "which is not mounted and could not be"
+            )
+        else:
+            what = "tracefs is not mounted at /sys/kernel/tracing and could not be"
+        tail = f" (the others are refused: {others})" if others else ""
+        super().__init__(f"{what}{extra}: {self.FIX}{tail}")
 
 
 class ObjectMissing(EnvironmentProblem):

@@ -18,10 +18,12 @@ __all__ = [
     "kernel_btf_has",
     "kernel_btf_path",
     "raise_memlock",
+    "tracefs_mounted",
 ]
 
 CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
 TRACEFS = Path("/sys/kernel/tracing")
+TRACEFS_UNDER_DEBUGFS = Path("/sys/kernel/debug/tracing")  # where libbpf looks first
 KERNEL_BTF = Path("/sys/kernel/btf/vmlinux")
 
 
@@ -56,19 +58,36 @@ def kernel_btf_has(name: str) -> bool:
     return b"\0" + name.encode() + b"\0" in _kernel_btf_names()
 
 
-def ensure_tracefs(root: Path = TRACEFS) -> Path:
-    """Mount tracefs at /sys/kernel/tracing when it is not there yet."""
-    for candidate in (root, Path("/sys/kernel/debug/tracing")):
+def tracefs_mounted(root: Path = TRACEFS) -> Path | None:
+    """Where tracefs is mounted already (its own place, or under debugfs), else None:
+    nothing is mounted here."""
+    for candidate in (root, TRACEFS_UNDER_DEBUGFS):
         try:
             if (candidate / "events").is_dir():
                 return candidate
         except PermissionError:
             raise PermissionProblem(f"reading {candidate}") from None
-    proc = subprocess.run(
-        ["mount", "-t", "tracefs", "tracefs", str(root)], capture_output=True, text=True
-    )
+    return None
+
+
+def ensure_tracefs(root: Path = TRACEFS) -> Path:
+    """tracefs, mounted at `root` when it is not there yet. Only tracepoint programs
+    (libbpf reads each one's id there) and legacy kprobes need it; where it cannot be
+    mounted (no CAP_SYS_ADMIN, a read-only /sys) TracefsMissing says why."""
+    found = tracefs_mounted(root)
+    if found is not None:
+        return found
+    try:
+        proc = subprocess.run(
+            ["mount", "-t", "tracefs", "tracefs", str(root)], capture_output=True, text=True
+        )
+    except OSError as exc:  # no mount(8) in the container
+        raise TracefsMissing(f"mount: {exc.strerror}") from None
     if proc.returncode != 0 or not (root / "events").is_dir():
-        raise TracefsMissing(proc.stderr.strip())
+        said = proc.stderr.strip().splitlines()
+        raise TracefsMissing(
+            said[0].rstrip(".") if said else f"mount exited with {proc.returncode}"
+        )
     return root
 
 
@@ -80,13 +99,14 @@ def raise_memlock() -> None:
 
 
 def ensure_ready() -> None:
-    """What every tool needs before it loads a program, told plainly when missing."""
+    """What every tool needs before it loads a program, told plainly when missing.
+    Not tracefs: choosing a strategy that needs it mounts it (bpf/features.py), so
+    tp_btf and fentry run in a container without it."""
     if not has_bpf_privileges():
         raise PermissionProblem()
     if not KERNEL_BTF.exists():
         raise NoBTF(str(KERNEL_BTF))
     raise_memlock()
-    ensure_tracefs()
 
 
 def online_cpu_count() -> int:

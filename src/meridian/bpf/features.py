@@ -3,7 +3,9 @@ program of the kind in question. Results are cached for the process, and a missi
 feature is always the same `NotSupported(feature, reason, fix)`.
 
 Tools list their strategies best first (fentry, kprobe, tp_btf, tracepoint, ...) and
-`choose()` takes the first whose features this kernel has.
+`choose()` takes the first whose features this kernel has. Only some features need
+tracefs (`needs_tracefs`); it is mounted when a strategy that needs it is considered,
+and where it cannot be, that strategy is refused and the next one tried.
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ import errno as _errno
 import functools
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..errors import BpfError, MeridianError, NotSupported
-from ..system import TRACEFS, kernel_btf_has
+from ..errors import BpfError, MeridianError, NotSupported, TracefsMissing
+from ..system import ensure_tracefs, kernel_btf_has, tracefs_mounted
 from . import _libbpf as L
 from . import refusals
 from .object import BpfObject
@@ -28,6 +30,7 @@ __all__ = [
     "Strategy",
     "choose",
     "hook_exists",
+    "needs_tracefs",
     "object_path",
     "probe",
     "require",
@@ -50,6 +53,7 @@ class Probe:
     detail: str
     fix: str = ""
     why: str = ""  # the host's own reason for a refusal (lockdown, kernel config)
+    tracefs_missing: bool = False  # refused only for want of tracefs (not mountable here)
 
     def require(self) -> None:
         if not self.ok:
@@ -76,6 +80,32 @@ _FIXES = {
 }
 
 
+# The kprobe PMU (Linux 4.17+): with it libbpf creates kprobes by perf_event_open,
+# without it through tracefs's kprobe_events (libbpf's "legacy" kprobes).
+KPROBE_PMU = Path("/sys/bus/event_source/devices/kprobe/type")
+
+
+def needs_tracefs(feature: str) -> bool:
+    """Does attaching programs of `feature` read tracefs? tracepoint/ programs do
+    (libbpf reads the tracepoint's id in events/<category>/<name>/id), kprobes only
+    where the kernel has no kprobe PMU; tp_btf, fentry/fexit and perf events never."""
+    if feature == "tracepoint":
+        return True
+    if feature == "kprobe":
+        return not KPROBE_PMU.exists()
+    return False
+
+
+NOT_MOUNTABLE = "needs tracefs at /sys/kernel/tracing, not mounted and not mountable here"
+
+
+def _probe_tracefs() -> Probe:
+    try:
+        return Probe("tracefs", True, f"mounted at {ensure_tracefs()}")
+    except TracefsMissing as exc:
+        return Probe("tracefs", False, NOT_MOUNTABLE, TracefsMissing.FIX, exc.detail, True)
+
+
 def _load_alone(program: str) -> BpfObject:
     obj = BpfObject(object_path("features"))
     try:
@@ -88,6 +118,8 @@ def _load_alone(program: str) -> BpfObject:
 
 
 def _try_program(feature: str, program: str) -> Probe:
+    if needs_tracefs(feature) and not (tracefs := probe("tracefs")).ok:
+        return replace(tracefs, feature=feature)
     try:
         with _load_alone(program) as obj:
             obj.attach([program])
@@ -161,8 +193,11 @@ def _probe_batch() -> Probe:
 
 @functools.cache
 def probe(feature: str) -> Probe:
-    """The cached answer for one feature of FEATURES."""
+    """The cached answer for one feature of FEATURES, or for "tracefs": mounted, or
+    mounted now (ensure_tracefs), or why it cannot be."""
     try:
+        if feature == "tracefs":
+            return _probe_tracefs()
         if feature == "tracepoint":
             return _try_program(feature, "probe_tracepoint")
         if feature == "tp_btf":
@@ -194,7 +229,8 @@ def hook_exists(section: str) -> bool:
     if kind == "tp_btf":
         return kernel_btf_has("btf_trace_" + rest)
     if kind in ("tracepoint", "tp"):
-        return (TRACEFS / "events" / rest).is_dir()
+        tracefs = tracefs_mounted()
+        return tracefs is not None and (tracefs / "events" / rest).is_dir()
     if kind in ("fentry", "fexit", "kprobe", "kretprobe"):
         return kernel_btf_has(rest.split("+")[0])
     return True
@@ -202,15 +238,38 @@ def hook_exists(section: str) -> bool:
 
 @dataclass(frozen=True)
 class Strategy:
-    """One way to hook a tool: its programs (by name) and the features they need."""
+    """One way to hook a tool: its programs (by name) and the features they need;
+    whether it needs tracefs follows from those features (`needs_tracefs`)."""
 
     name: str
     programs: tuple[str, ...]
     needs: tuple[str, ...]
     optional: tuple[str, ...] = field(default=())
 
+    @property
+    def needs_tracefs(self) -> bool:
+        return any(needs_tracefs(f) for f in self.needs)
+
     def missing(self) -> list[Probe]:
-        return [p for p in (probe(f) for f in self.needs) if not p.ok]
+        """What this kernel refuses of the strategy's needs: the kernel's own refusals
+        first, then those for want of tracefs (probing a feature that needs it mounts
+        it where it can be)."""
+        refused = [p for p in (probe(f) for f in self.needs) if not p.ok]
+        return sorted(refused, key=lambda p: p.tracefs_missing)
+
+
+def _refused(refusals: Sequence[tuple[Strategy, Probe]]) -> MeridianError:
+    """One line for strategies that cannot run here, each by its first refusal: when
+    some could run but for tracefs, TracefsMissing names them with the fix."""
+    by_tracefs = [s.name for s, p in refusals if p.tracefs_missing]
+    others = "; ".join(f"{s.name}: {p.detail}" for s, p in refusals if not p.tracefs_missing)
+    if by_tracefs:
+        mount_error = next(p.why for _, p in refusals if p.tracefs_missing)
+        return TracefsMissing(mount_error, by_tracefs, others)
+    if len(refusals) == 1:
+        p = refusals[0][1]
+        return NotSupported(p.feature, p.detail, p.why or p.fix)
+    return NotSupported("every strategy", others)
 
 
 def choose(strategies: Sequence[Strategy], forced: str | None = None) -> Strategy:
@@ -220,13 +279,13 @@ def choose(strategies: Sequence[Strategy], forced: str | None = None) -> Strateg
         if forced not in by_name:
             raise NotSupported(f"strategy {forced!r}", f"choose one of {', '.join(by_name)}")
         chosen = by_name[forced]
-        for p in chosen.missing():
-            p.require()
+        if missing := chosen.missing():
+            raise _refused([(chosen, missing[0])])
         return chosen
-    reasons = []
+    refusals = []
     for s in strategies:
         missing = s.missing()
         if not missing:
             return s
-        reasons.append(f"{s.name}: {missing[0].detail}")
-    raise NotSupported("every strategy", "; ".join(reasons))
+        refusals.append((s, missing[0]))
+    raise _refused(refusals)

@@ -100,6 +100,8 @@ def kprobe_reason(tracefs: Path = TRACEFS) -> str:
         )
     if config and "not set" in config:
         return f"this kernel has no kprobe support: {config}"
+    if not (tracefs / "events").is_dir():
+        return f"tracefs is not mounted at {tracefs}: whether {events} exists is unknown"
     return f"{events} exists: kprobes are built in, the refusal is elsewhere"
 
 

@@ -7,13 +7,14 @@ import argparse
 import os
 import platform
 import sys
+from collections.abc import Sequence
 from typing import Any
 
-from ..bpf import BpfObject, features, object_path, refusals
+from ..bpf import BpfObject, Strategy, features, object_path, refusals
 from ..errors import MeridianError
 from ..flags import add_command
 from ..output import JsonWriter
-from ..system import KERNEL_BTF, ensure_tracefs, has_bpf_privileges, raise_memlock
+from ..system import KERNEL_BTF, has_bpf_privileges, raise_memlock, tracefs_mounted
 
 __all__ = ["add_parser", "run"]
 
@@ -30,23 +31,45 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _strategies() -> dict[str, str]:
+def _tool_strategies() -> dict[str, Sequence[Strategy]]:
+    """Each tool's strategies, in the order it tries them."""
     from . import biolat, io, memlat, runqlat, sentinel, syscalls
 
+    return {
+        "biolat": biolat.STRATEGIES,
+        "memlat": memlat.STRATEGIES,
+        "runqlat": runqlat.STRATEGIES,
+        "syscalls": syscalls.STRATEGIES,
+        "io": io.STRATEGIES,
+        "sentinel": sentinel.STRATEGIES,
+    }
+
+
+def _strategies() -> dict[str, str]:
     out = {}
-    for tool, strategies in (
-        ("biolat", biolat.STRATEGIES),
-        ("memlat", memlat.STRATEGIES),
-        ("runqlat", runqlat.STRATEGIES),
-        ("syscalls", syscalls.STRATEGIES),
-        ("io", io.STRATEGIES),
-        ("sentinel", sentinel.STRATEGIES),
-    ):
+    for tool, strategies in _tool_strategies().items():
         try:
             out[tool] = features.choose(strategies).name
         except MeridianError as exc:
             out[tool] = f"none ({exc})"
     return out
+
+
+def _tracefs_needs() -> dict[str, list[dict[str, Any]]]:
+    """Per tool, each strategy with its features and whether it needs tracefs: what a
+    container without the host's tracefs can still run."""
+    return {
+        tool: [
+            {"name": s.name, "needs": list(s.needs), "needs_tracefs": s.needs_tracefs}
+            for s in strategies
+        ]
+        for tool, strategies in _tool_strategies().items()
+    }
+
+
+def _marked(strategies: list[dict[str, Any]]) -> str:
+    """`fentry, tp_btf, tracepoint*`: the order tried, * on those that need tracefs."""
+    return ", ".join(s["name"] + ("*" if s["needs_tracefs"] else "") for s in strategies)
 
 
 # What a tool's object does where the kernel lacks a kfunc it uses when there
@@ -81,11 +104,18 @@ def run(args: argparse.Namespace) -> int:
         "privileges": has_bpf_privileges(),
         "btf": KERNEL_BTF.exists(),
     }
+    # Mounted as a tool whose strategy needs it mounts it; `tracefs_mounted`: it was
+    # before doctor looked (a container may have none), None: unreadable without root.
     try:
-        report["tracefs"] = str(ensure_tracefs())
-    except MeridianError as exc:
-        report["tracefs"] = None
-        report["tracefs_error"] = str(exc)
+        report["tracefs_mounted"] = tracefs_mounted() is not None
+    except MeridianError:
+        report["tracefs_mounted"] = None
+    tracefs = features.probe("tracefs")
+    report["tracefs"] = str(tracefs_mounted()) if tracefs.ok else None
+    if not tracefs.ok:
+        why, fix = f" ({tracefs.why})" if tracefs.why else "", tracefs.fix
+        report["tracefs_error"] = f"{tracefs.detail}{why}" + (f": {fix}" if fix else "")
+    report["strategy_needs"] = _tracefs_needs()
     refusals.ensure_securityfs()
     report["lockdown"] = refusals.lockdown()
     raise_memlock()
@@ -113,9 +143,10 @@ def run(args: argparse.Namespace) -> int:
         f"BTF         {yes(report['btf'])}  {KERNEL_BTF}"
         + ("" if report["btf"] else ": needs CONFIG_DEBUG_INFO_BTF=y")
     )
+    mounted_now = "" if report["tracefs_mounted"] else " (mounted now: it was not)"
     print(
         f"tracefs     {yes(report['tracefs'] is not None)}  "
-        + (report["tracefs"] or report.get("tracefs_error", ""))
+        + (report["tracefs"] + mounted_now if report["tracefs"] else report["tracefs_error"])
     )
     print(f"lockdown    {report['lockdown'] or 'unknown (no /sys/kernel/security/lockdown)'}")
     if probes:
@@ -125,9 +156,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {name:<11} {yes(p.ok)}  {features.FEATURES[name]}: {p.detail}{fix}")
             if p.why and not p.ok:
                 print(f"  {'':<11}      why: {p.why}")
-        print("\nstrategies")
+        print("\nstrategies (the first that loads, of those in brackets; * needs tracefs)")
         for tool, strategy in report["strategies"].items():
-            print(f"  {tool:<11} {strategy}")
+            print(f"  {tool:<11} {strategy:<15} [{_marked(report['strategy_needs'][tool])}]")
             for kfunc, ok in report["kfuncs"][tool].items():
                 if not ok:
                     print(f"  {'':<11} without {kfunc}: {KFUNC_FALLBACKS.get(kfunc, '')}")

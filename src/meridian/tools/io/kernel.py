@@ -28,25 +28,28 @@ __all__ = ["BLOCK", "SIGNALS", "STRATEGIES", "SYSCALLS", "WRITEBACK", "FileIO"]
 SYSCALLS: tuple[str, ...] = ("read", "pread64", "readv", "preadv", "preadv2")
 SYSCALLS += ("write", "pwrite64", "writev", "pwritev", "pwritev2")
 SYSCALLS += ("sendfile64", "copy_file_range")  # a read of the source, a write of the target
+# What every strategy needs for the disk signals (SIGNALS): page-cache insertions and
+# bios are tracepoint/ programs, so each strategy needs tracefs.
+SIGNALS_NEED = ("tracepoint", "tp_btf")
 STRATEGIES = (
     Strategy(
         "fentry",
         tuple(f"{k}_{s}" for s in SYSCALLS for k in ("fentry", "fexit")),  # each syscall's own
-        ("fentry", "tp_btf"),
+        ("fentry", *SIGNALS_NEED),
     ),
     Strategy(
         "kprobe",
         tuple(f"{k}_{s}" for s in SYSCALLS for k in ("ks", "kr")),
-        ("kprobe", "tp_btf"),
+        ("kprobe", *SIGNALS_NEED),
     ),
     # Raw syscalls before the syscalls: tracepoints. Both put every syscall of every
     # task on the traced slow path, but the tracepoints then copy the arguments into a
     # perf record before the program runs (io_bench.py: 0.60 against 0.50 here).
-    Strategy("tp_btf", ("raw_enter", "raw_exit"), ("tp_btf",)),
+    Strategy("tp_btf", ("raw_enter", "raw_exit"), SIGNALS_NEED),
     Strategy(
         "tracepoint",
         tuple(f"tp_{d}_{s}" for s in SYSCALLS for d in ("enter", "exit")),
-        ("tracepoint", "tp_btf"),  # the I/O-wait signal is tp_btf/sched_switch
+        SIGNALS_NEED,  # the I/O-wait signal is tp_btf/sched_switch
     ),
 )
 # Disk signals, shared by every strategy.
