@@ -53,12 +53,13 @@ def prog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_c(tmp_path_factory.mktemp("prog").resolve(), "prog", PROG, "-O1")
 
 
-def meridian(*args: str) -> subprocess.CompletedProcess[str]:
+def meridian(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "meridian", "syscalls", *args],
         capture_output=True,
         text=True,
         timeout=patience(60),
+        env=env,
     )
 
 
@@ -97,6 +98,28 @@ def test_openat_calls_of_cat_equal_straces(tmp_path: Path, strategy: str) -> Non
     assert len(got) == len(want) >= 4, (got, want)
     assert [path_and_outcome(g) for g in got] == [path_and_outcome(w) for w in want]
     assert json.dumps(str(data)) in got[-1]
+
+
+def test_openat_calls_of_cat_without_a_locale_equal_straces(tmp_path: Path) -> None:
+    """With no LANG, LC_ALL or LC_CTYPE (a service, a container), the Python that runs
+    meridian sets LC_CTYPE=C.UTF-8 for itself (PEP 538); the command must not inherit
+    it, or cat opens 5 locale files that it does not open under strace."""
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed (make deps)")
+    env = {"PATH": os.environ["PATH"]}
+    data = tmp_path.resolve() / "cat-me.txt"
+    data.write_bytes(CONTENT)
+    log = tmp_path / "strace.log"
+    subprocess.run(
+        ["strace", "-f", "-qq", "-e", "trace=openat", "-o", str(log), "cat", str(data)],
+        check=True, capture_output=True, env=env,
+    )  # fmt: skip
+    want = [re.sub(r"^\d+ +", "", line) for line in log.read_text().splitlines()]
+    live = meridian("--json", "-e", "openat", "--", "cat", str(data), env=env)
+    assert live.returncode == 0, live.stderr
+    rows = [json.loads(ln) for ln in live.stdout.splitlines() if ln.startswith("{")]
+    got = [f"openat({', '.join(r['args'])}) = {r['result_text']}" for r in rows]
+    assert [path_and_outcome(g) for g in got] == [path_and_outcome(w) for w in want]
 
 
 @pytest.mark.parametrize("strategy", every(STRATEGIES))

@@ -21,6 +21,7 @@ __all__ = [
     "parse_stat",
     "proc_start",
     "proc_stat",
+    "start_environment",
     "start_wall_ns",
     "thread_slots",
 ]
@@ -99,6 +100,26 @@ def kernel_data_addresses(
     except OSError:
         data = b""
     return {n: kallsyms_address(data, n.encode()) for n in names}
+
+
+def start_environment(environ: str | Path = "/proc/self/environ") -> dict[bytes, bytes]:
+    """The environment this process was started with, for the commands it launches to
+    run as they would without it. Python's C-locale coercion (PEP 538) sets LC_CTYPE
+    before any Python code runs, and libraries may set more; setenv builds a new
+    environment elsewhere in memory, so /proc/self/environ (the exec's own copy) still
+    holds the original. Entries without a name (no `=`, or `=` first) cannot be passed
+    on by exec from Python and are left out; a repeated name keeps its first value, as
+    getenv reads it. Without /proc: the environment as it is now."""
+    try:
+        raw = Path(environ).read_bytes()
+    except OSError:
+        return dict(os.environb)
+    env: dict[bytes, bytes] = {}
+    for entry in raw.split(b"\0"):
+        name, eq, value = entry.partition(b"=")
+        if name and eq:
+            env.setdefault(name, value)
+    return env
 
 
 def comm_of(pid: int, proc_root: str | Path = "/proc") -> str | None:

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TextIO, TypeVar
 
 from .export import Exporters, ExportOptions, Family, exporting
 from .output import JsonWriter
+from .proc import start_environment
 
 __all__ = [
     "UNITS",
@@ -194,12 +195,13 @@ def stop_child(child: subprocess.Popen[Any], grace: float = 5.0) -> None:
 def workload(name: str | None, seconds: float | None) -> Iterator[None]:
     """`--workload`: the built-in workload `name` (`python -m meridian.workloads name`)
     in a child process while the block runs (for `seconds` at most, an hour when
-    None), then stopped. None: no workload."""
+    None), then stopped; in the environment this tool was started with, as the user
+    would run it. None: no workload."""
     if name is None:
         yield
         return
     cmd = [sys.executable, "-m", "meridian.workloads", name, "--seconds", str(seconds or 3600)]
-    child = subprocess.Popen(cmd)
+    child = subprocess.Popen(cmd, env=start_environment())
     try:
         yield
     finally:

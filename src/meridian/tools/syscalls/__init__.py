@@ -11,8 +11,10 @@ One concept per module; the imports go down this list, never up:
     capture         the live loops: plain (`capture`) and the TUI's feed (`CaptureFeed`)
     tui             the terminal UI (Textual, the `tui` extra); tui_table its call table
     plain_view      the plain views (compact, full, JSON lines), the summary, replay
+    summary         -c: calls, errors and time per syscall, counted as strace -c counts
     view_backlog    raw records drained but not shown yet, when recording
-    launcher        `-- COMMAND`: the child held stopped until the kernel traces it
+    launcher        `-- COMMAND`: the child held stopped until the kernel traces it, run
+                    in the environment the tool started with
     kernel          the Session (`Capture`), the strategies and the per-syscall table
     jsonl_spool     -w FILE.jsonl: raw records spooled, converted when the capture ends
     options         what the user asked (Options) and the filters built from it

@@ -36,8 +36,11 @@ def capture(opts: Options, out: TextIO, err: TextIO) -> int:
             print(f"fd path cache: {cap.path_cache_text()}", file=err)
         live = _PlainCapture(opts, cap, Pipeline(opts, out))
         try:
-            live.start(err)
-            live.drain()
+            try:
+                live.start(err)
+                live.drain()
+            except KeyboardInterrupt:  # from the moment it traces: what it traced, shown
+                live.take(0)
             return live.finish(err)
         finally:
             live.close()
@@ -65,7 +68,7 @@ class _PlainCapture:
             if not opts.quiet:
                 self.backlog = Backlog(BACKLOG_BYTES)
         if opts.command:
-            self.launcher = Launcher(opts.command)
+            self.launcher = Launcher(opts.command, exec_traced(opts))
             self.cap.add_pid(self.launcher.pid)
             self.launcher.go()
         elif not opts.json and not opts.quiet:
@@ -75,7 +78,8 @@ class _PlainCapture:
         """Drain the ring: to the recording and the view's backlog, or decoded and
         shown at once when nothing is recorded."""
         if self.recorder is None:
-            for sc in self.cap.decode(self.cap.poll_raw(timeout)[0]):
+            events = self.cap.decode(self.cap.poll_raw(timeout)[0])
+            for sc in command_calls(self.launcher, events):
                 self.pipeline.add(sc)
             return
         with signals_held():  # drained is recorded and counted, whole
@@ -90,7 +94,7 @@ class _PlainCapture:
             return
         until = None if seconds is None else time.monotonic() + seconds
         while self.backlog and (until is None or time.monotonic() < until):
-            for sc in self.backlog.take(self.cap, 256):
+            for sc in command_calls(self.launcher, self.backlog.take(self.cap, 256)):
                 self.pipeline.add(sc)
             self.pipeline.flush()
             self.pipeline.trim()
@@ -103,26 +107,24 @@ class _PlainCapture:
         return bool(pids) and not any(os.path.exists(f"/proc/{pid}") for pid in pids)
 
     def drain(self) -> None:
-        """Drain and show until the traced are gone, --duration or Ctrl-C."""
+        """Drain and show until the traced are gone or --duration passes (Ctrl-C: see
+        `capture`)."""
         end = time.monotonic() + self.opts.duration if self.opts.duration else None
         freeze = time.monotonic()
-        try:
-            while True:
-                if time.monotonic() >= freeze:
-                    # The rows the view holds, out of the collector's full passes,
-                    # which grow with them past what the ring holds (~80 ms of a
-                    # full-speed loop in 16 MB): the drain never waits that long.
-                    gc.freeze()
-                    freeze = time.monotonic() + 0.25
-                done = self.traced_gone()
-                self.take(0 if done or self.backlog else 0.05)
-                self.show(VIEW_SLICE)
-                self.pipeline.flush()
-                self.pipeline.trim()
-                if done or (end is not None and time.monotonic() >= end):
-                    break
-        except KeyboardInterrupt:
-            self.take(0)
+        while True:
+            if time.monotonic() >= freeze:
+                # The rows the view holds, out of the collector's full passes, which
+                # grow with them past what the ring holds (~80 ms of a full-speed loop
+                # in 16 MB): the drain never waits that long.
+                gc.freeze()
+                freeze = time.monotonic() + 0.25
+            done = self.traced_gone()
+            self.take(0 if done or self.backlog else 0.05)
+            self.show(VIEW_SLICE)
+            self.pipeline.flush()
+            self.pipeline.trim()
+            if done or (end is not None and time.monotonic() >= end):
+                break
 
     def finish(self, err: TextIO) -> int:
         """The capture is over: its counters, then nothing runs or is traced while the
@@ -146,6 +148,7 @@ class _PlainCapture:
             except MeridianError as exc:
                 unconverted = exc  # the spool is kept: the summary still counts
         not_shown = self.backlog.skipped if self.backlog is not None else 0
+        self.pipeline.print_counts(counters, not_shown)
         summary(self.pipeline, counters, err, not_shown, self.recorder)
         if unconverted is not None:
             raise unconverted
@@ -159,6 +162,16 @@ class _PlainCapture:
             self.recorder.close()
 
 
+def exec_traced(opts: Options) -> bool:
+    """Whether the launcher's exec is traced, which marks where the command's calls start."""
+    return opts.all or "execve" in opts.traced_names()
+
+
+def command_calls(launcher: Launcher | None, events: list[Syscall]) -> list[Syscall]:
+    """The events, less the launcher's own calls before its exec (if it is there)."""
+    return events if launcher is None else launcher.command_calls(events)
+
+
 def capture_tui(opts: Options, show: Callable[[CaptureFeed], None]) -> int:
     """The live capture behind the terminal UI: `show(feed)` runs the screen until the
     user quits; then the drain stops, the command is killed, the recording closed."""
@@ -170,10 +183,10 @@ def capture_tui(opts: Options, show: Callable[[CaptureFeed], None]) -> int:
             if opts.write:
                 recorder = cap.recorder(opts.write, sys.argv[1:], opts.raw_recording())
             if opts.command:
-                launcher = Launcher(opts.command)
+                launcher = Launcher(opts.command, exec_traced(opts))
                 cap.add_pid(launcher.pid)
                 launcher.go()
-            feed = CaptureFeed(cap, recorder)
+            feed = CaptureFeed(cap, recorder, launcher)
             show(feed)
         finally:
             if feed is not None:
@@ -194,9 +207,12 @@ class CaptureFeed:
     recording and a backlog, and the screen takes from the backlog a slice of time per
     poll: the screen's pace never makes the kernel drop what the recording needs."""
 
-    def __init__(self, cap: Capture, recorder: Recorder | None) -> None:
+    def __init__(
+        self, cap: Capture, recorder: Recorder | None, launcher: Launcher | None = None
+    ) -> None:
         self.cap = cap
         self.recorder = recorder
+        self.launcher = launcher
         self.backlog = Backlog(BACKLOG_BYTES)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -226,7 +242,7 @@ class CaptureFeed:
 
     def poll(self) -> list[Syscall]:
         if self._thread is None:
-            return self.cap.decode(self.cap.poll_raw(0)[0])
+            return command_calls(self.launcher, self.cap.decode(self.cap.poll_raw(0)[0]))
         if self._error is not None:
             raise self._error
         out: list[Syscall] = []
@@ -234,7 +250,7 @@ class CaptureFeed:
         with self._lock:
             while self.backlog and time.monotonic() < until:
                 out += self.backlog.take(self.cap, 256)
-        return out
+        return command_calls(self.launcher, out)
 
     def counters(self) -> dict[str, int]:
         out = self.cap.counters()

@@ -45,6 +45,9 @@ EXAMPLES = """examples:
   meridian syscalls --path '^/etc' --regex  # calls on paths under /etc
   meridian syscalls --full               # the full log: starts and ends with indices
   meridian syscalls --json -- make       # one JSON object per call, pairing indices
+  meridian syscalls -c -- git status     # calls, errors, time per syscall (strace -c)
+  meridian syscalls -c --all -p 812 --duration 10s  # every syscall of 812, for 10 s
+  meridian syscalls -c --json -- make    # the same table as one JSON object
   meridian syscalls -w trace.jsonl.zst -- make   # record JSON lines (zstd) while printing
   meridian syscalls -w trace.rec.zst -q  # record raw kernel records only (no view)
   meridian syscalls -r trace.jsonl.zst --failed  # replay a recording, filtered
@@ -70,6 +73,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-follow", action="store_true", help="do not trace forked children")
     p.add_argument("--cgroup", metavar="DIR", help="only tasks in this cgroup v2 directory")
     p.add_argument("--full", action="store_true", help="the full log: starts and ends")
+    p.add_argument(
+        "-c",
+        "--summary-only",
+        dest="summary",
+        action="store_true",
+        help="no rows: calls, errors and time per syscall at the end, as strace -c "
+        "(time: each call's start to end, as strace -c -w)",
+    )
     add_json(p)
     p.add_argument(
         "-w",
@@ -153,6 +164,11 @@ def _check(args: argparse.Namespace, names: list[str], pids: list[int]) -> None:
         raise UsageError(f"--ring-mb must be greater than 0, got {args.ring_mb}")
     if names and args.all:
         raise UsageError("give either -e SYSCALLS or --all, not both")
+    if args.summary and (args.full or args.quiet or args.tui):
+        given = "--full" if args.full else "-q" if args.quiet else "--tui"
+        raise UsageError(f"-c prints a table of counts, no rows: it takes no {given}")
+    if args.summary and args.read and args.write:
+        raise UsageError("-r FILE -w FILE.jsonl converts a recording: it takes no -c")
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
@@ -161,7 +177,14 @@ def options_from_args(args: argparse.Namespace) -> Options:
     pids = list(args.pid or []) if args.read else running_pids(args.pid)
     _check(args, names, pids)
     errnos = [e.strip() for e in args.errno.split(",") if e.strip()] if args.errno else []
-    plain = args.no_tui or args.quiet or args.json or args.full or not sys.stdout.isatty()
+    plain = (
+        args.no_tui
+        or args.quiet
+        or args.json
+        or args.full
+        or args.summary
+        or not sys.stdout.isatty()
+    )
     return options_of(
         Options,
         args,

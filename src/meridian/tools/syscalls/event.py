@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 
 __all__ = ["NO_RETURN", "Syscall"]
 
-# Calls that do not return to the caller: their start stays open.
-NO_RETURN = frozenset({"exit", "exit_group"})
+# Calls that do not return to the caller: their start stays open. rt_sigreturn goes
+# back to the code the signal interrupted, and its end is never seen: restoring the
+# signal frame sets the syscall number the exit hook reads to -1.
+NO_RETURN = frozenset({"exit", "exit_group", "rt_sigreturn"})
 
 
 @dataclass(eq=True)
@@ -57,7 +59,7 @@ class Syscall:
 
     @property
     def no_return(self) -> bool:
-        """A start that will never get an end: exit, exit_group."""
+        """A start that will never get an end: exit, exit_group, rt_sigreturn."""
         return self.name in NO_RETURN
 
     @property

@@ -31,6 +31,7 @@ class Options:
     follow: bool = True
     full: bool = False
     json: bool = False
+    summary: bool = False  # -c: calls, errors and time per syscall, no rows
     write: str | None = None
     record_format: str | None = None  # "raw" | "jsonl"; None: by the file name
     quiet: bool = False  # -q with -w: record only, no view (as perf record)

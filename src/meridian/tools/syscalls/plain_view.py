@@ -1,6 +1,7 @@
 """The plain views of `meridian syscalls`: strace-like lines (compact), the full log
 (starts and ends with their indices) or JSON lines, each row printed once when it is
-complete; the summary line at the end; the replay of a recording (-r) through them."""
+complete, or (-c) those rows counted per syscall and the table printed at the end; the
+summary line at the end; the replay of a recording (-r) through them."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from .jsonl_spool import SpooledJsonRecorder
 from .options import Options, build_filter
 from .recording_file import Recorder, read_events
 from .render import compact_line, full_line, to_json
+from .summary import CallCounts, counts_json, counts_table, losses
 
 __all__ = ["Pipeline", "replay", "summary"]
 
@@ -23,7 +25,8 @@ class Pipeline:
     """Events -> Aggregator -> (compact) -> filtered; prints each row once, when it is
     complete (a compact row when its end arrives, a full-log event when it arrives).
     Rows completed by one batch of events are printed at `flush()` in index order, so
-    a start row that matches only once its end is in comes before that end."""
+    a start row that matches only once its end is in comes before that end. With -c
+    each row is counted instead (`counts`), and `print_counts` prints the table."""
 
     def __init__(self, opts: Options, out: TextIO, replay: bool = False) -> None:
         self.opts = opts
@@ -33,6 +36,7 @@ class Pipeline:
         self._ready: list[Syscall] = []
         self.events = 0
         self.unmatched_ends = 0
+        self.counts = CallCounts() if opts.summary else None
         self._build()
 
     def _build(self) -> None:
@@ -81,7 +85,9 @@ class Pipeline:
         self.out.flush()
 
     def _print(self, sc: Syscall) -> None:
-        if self.opts.json:
+        if self.counts is not None:
+            self.counts.add(sc)
+        elif self.opts.json:
             self.out.write(dumps(to_json(sc)) + "\n")
         elif self.opts.full:
             self.out.write(full_line(sc) + "\n")
@@ -96,6 +102,17 @@ class Pipeline:
                 self._printed.add(sc.index)
                 self._ready.append(sc)
         self.flush()
+
+    def print_counts(self, counters: dict[str, int] | None, not_shown: int = 0) -> None:
+        """-c: the table of the calls counted, with what the capture lost."""
+        if self.counts is None:
+            return
+        lost = losses(counters, not_shown)
+        if self.opts.json:
+            self.out.write(dumps(counts_json(self.counts, lost)) + "\n")
+        else:
+            self.out.write(counts_table(self.counts, lost))
+        self.out.flush()
 
 
 def summary(
@@ -143,6 +160,7 @@ def replay(opts: Options, out: TextIO, err: TextIO) -> int:
                 p.trim()
     finally:
         p.finish()  # a damaged recording: everything before the damage, then the error
+    p.print_counts(None)
     if opts.verbose:
         summary(p, None, err)
     return 0
