@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,13 @@ def test_kernel_dev_round_trip() -> None:
 
 
 def test_device_name_from_uevent_and_from_link(sys_root: Path) -> None:
+    assert device_name(kernel_dev(253, 0), sys_root) == "vda"
+    assert device_name(kernel_dev(7, 0), sys_root) == "loop0"
+
+
+def test_device_name_without_sys_dev_block(sys_root: Path) -> None:
+    """A pod's /sys: podman hides /sys/dev/block, /sys/class/block still names disks."""
+    shutil.rmtree(sys_root / "dev")
     assert device_name(kernel_dev(253, 0), sys_root) == "vda"
     assert device_name(kernel_dev(7, 0), sys_root) == "loop0"
 

@@ -3,6 +3,7 @@ run against fixture trees."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -55,7 +56,17 @@ def device_name(dev: int, sys_root: str | Path = "/sys") -> str:
     try:
         return os.path.basename(os.readlink(link))
     except OSError:
-        return mm
+        pass
+    # A container's /sys may hide /sys/dev/block (podman mounts a tmpfs over it) while
+    # /sys/class/block still lists the disks, each with its major:minor in `dev`.
+    try:
+        for disk in (Path(sys_root) / "class" / "block").iterdir():
+            with contextlib.suppress(OSError):
+                if (disk / "dev").read_text().strip() == mm:
+                    return disk.name
+    except OSError:
+        pass
+    return mm
 
 
 def parse_device(text: str, sys_root: str | Path = "/sys") -> int:
