@@ -334,3 +334,28 @@ def test_no_internal_id_is_printed() -> None:
     assert "flows 1" in live
     (line,) = [x for x in live.splitlines() if x.startswith("(no flow)")]
     assert line.split()[2] == "cpu-clock"
+
+
+# ---- the run's totals, bounded -------------------------------------------------------
+
+
+def stat(flow: int, cost: float, fn: int = 1) -> FlowStat:
+    return FlowStat(flow, RX, int(Event.CPU_CLOCK), 1, cost, {fn: cost}, {0: cost})
+
+
+def test_totals_past_max_rows_keep_the_costliest_rows() -> None:
+    """The exit summary's top flows on a host with more flows than Totals keeps: the
+    rows kept are the costliest, not the first seen. Cheap flows come first, in a
+    window of their own, then mixed with costly ones; a costly flow seen again adds
+    to the row kept."""
+    totals = Totals(max_rows=3, max_per_row=2)
+    totals.add([stat(f, 1.0) for f in range(1, 8)])  # 7 > 2 x 3: pruned to 3
+    totals.add([stat(100, 50.0), *(stat(f, 1.0) for f in range(10, 15)), stat(101, 40.0)])
+    totals.add([*(stat(f, 2.0) for f in range(20, 26)), stat(102, 30.0), stat(101, 15.0)])
+    assert [(s.flow_id, s.norm_cost) for s in totals.top(3)] == [
+        (101, 55.0),
+        (100, 50.0),
+        (102, 30.0),
+    ]
+    assert len(totals.rows) <= 2 * totals.max_rows
+    assert totals.samples == 7 + 7 + 8  # every row counts in the run's sums

@@ -3,6 +3,9 @@ through a running Runtime (its consumer and flush threads, real flush windows of
 tenth of a second) fed by the mock source, and shows where it must: in the windows the
 observers are handed, in the metrics, in the control plane's status, and in what the
 source itself was told to sample. No kernel; each test runs for a few seconds.
+Where a test checks what each window holds, the runtime is stepped (Stepped): the
+consumer and the flush take turns one window at a time on a clock of the test's own,
+so a machine too busy to run the threads on time cannot change the windows.
 
 - a throughput drop in a fixture /proc/net/dev holds diagnostic mode (its events and
   budget at the source) for the refractory period, then sentinel mode comes back;
@@ -15,7 +18,6 @@ source itself was told to sample. No kernel; each test runs for a few seconds.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import threading
 import time
@@ -67,11 +69,6 @@ def runs(values: Sequence[T]) -> list[T]:
 
 def wait_for(cond: Callable[[], object], what: str, seconds: float = 10) -> None:
     wait_until(cond, seconds, what, step=0.02)
-
-
-def wait_windows(rec: Recorder, since_ns: int, n: int, what: str) -> None:
-    """Until `n` windows began at `since_ns` or later."""
-    wait_for(lambda: sum(s.window.start_ns >= since_ns for s in rec.windows()) >= n, what)
 
 
 @dataclass(frozen=True)
@@ -165,16 +162,6 @@ def agent(cfg: SentinelConfig) -> Agent:
     rec = Recorder(src)
     log: list[str] = []
     return Agent(Runtime(cfg, src, observers=[rec], log=log.append, cpus=[0]), src, rec, log)
-
-
-@contextlib.contextmanager
-def started(cfg: SentinelConfig) -> Iterator[Agent]:
-    a = agent(cfg)
-    a.rt.start()
-    try:
-        yield a
-    finally:
-        a.rt.stop()
 
 
 def scrape(rt: Runtime) -> dict[str, Any]:
@@ -376,7 +363,9 @@ RATE_PHASES: tuple[tuple[int, str, bool], ...] = (
 def test_the_mode_follows_the_delivered_rate_with_hysteresis() -> None:
     """Sentinel budget 2000/s, up at 0.5 x (1000/s), down below 0.25 x (500/s): the
     mock's rate, changed while running, gives exactly sentinel, diagnostic, sentinel,
-    with a rate between the thresholds keeping whichever mode it finds."""
+    with a rate between the thresholds keeping whichever mode it finds. Stepped:
+    with the threads, a window that a loaded machine made late held more than its
+    share of samples, and its rate was not the mock's."""
     cfg = config(HYSTERESIS_FLUSH_S)
     cfg.mode.auto = True
     cfg.perf.sentinel_samples_per_sec = 2000  # the mock's bucket drops nothing at 1600/s
@@ -384,12 +373,19 @@ def test_the_mode_follows_the_delivered_rate_with_hysteresis() -> None:
     cfg.mode.hysteresis_high = 0.5
     cfg.mock.rate = RATE_PHASES[0][0]
     changes: list[int] = []
-    with started(cfg) as a:
+    st = Stepped(cfg)  # windows on a clock of the test's own: a late one is not a rate
+    a = st.a
+    try:
         for rate, _, _ in RATE_PHASES:
             if changes:
                 a.src.rate = float(rate)
-            changes.append(time.monotonic_ns() if changes else a.rt.started_ns)
-            wait_windows(a.rec, changes[-1], 3, f"three windows at {rate} samples/s")
+            changes.append(st.clock() if changes else a.rt.started_ns)
+            st.until(
+                lambda: sum(s.window.start_ns >= changes[-1] for s in a.rec.windows()) >= 3,
+                f"three windows at {rate} samples/s",
+            )
+    finally:
+        a.rt.stop()
     got, want, off = [], [], []
     for s in a.rec.windows():
         phase = bisect_right(changes, s.end_ns) - 1
@@ -431,30 +427,85 @@ def shed_config(flush: float, rate: int) -> SentinelConfig:
     return cfg
 
 
+class ManualClock:
+    """CLOCK_MONOTONIC of a stepped agent: it moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1_000 * SEC
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class Stepped:
+    """An Agent whose consumer and flush the test runs in turn, one window at a
+    time, on a clock of its own (runtime.open(), no threads): what each window holds
+    and when the plan decides do not depend on how busy the machine is."""
+
+    def __init__(self, cfg: SentinelConfig) -> None:
+        self.clock = ManualClock()
+        m = cfg.mock
+        src = MockSource(
+            period_ms=m.period_ms,
+            rng_seed=m.rng_seed,
+            clock=self.clock,
+            rate=m.rate,
+            cpus=1,
+            sleep=lambda s: None,
+        )
+        rec = Recorder(src)
+        log: list[str] = []
+        rt = Runtime(cfg, src, observers=[rec], log=log.append, clock=self.clock, cpus=[0])
+        self.a = Agent(rt, src, rec, log)
+        self.window_ns = round(cfg.aggregator.flush_interval * SEC)
+        self.consumer, self.flusher = rt.open()
+
+    def window(self) -> None:
+        """One flush window: the time passes, the consumer takes what the source
+        delivered in it (and the drop counters), the flush decides and hands it out."""
+        self.clock.now += self.window_ns
+        self.consumer.step(0)
+        self.flusher.flush(self.clock())
+
+    def until(self, cond: Callable[[], object], what: str, most: int = 10) -> None:
+        """Windows until `cond` holds, at most `most` of them."""
+        for _ in range(most):
+            if cond():
+                return
+            self.window()
+        assert cond(), f"{what}: not within {most} windows"
+
+
 def test_the_safety_governor_sheds_events_while_over_the_budget() -> None:
     """At 4000 samples/s offered, 4 x the budget (the source's bucket drops 3 in 4),
     the safety level sheds: ms_sampling_throttled is 1 and the source samples one
-    event; at 200/s it is 0 and the source samples all three again."""
+    event; at 200/s it is 0 and the source samples all three again. The runtime is
+    stepped one window at a time (Stepped): with its threads, a late flush or
+    catch-up on a loaded machine made the windows, not the rule, decide."""
     cfg = shed_config(SHED_FLUSH_S, 200)
     full, one = codes(SHED_GROUP), codes(SHED_GROUP[:1])
-    with started(cfg) as a:
+    st = Stepped(cfg)
+    a = st.a
+    try:
         rt, src, ctl = a.rt, a.src, a.rt.control
-        wait_for(lambda: len(a.rec.windows()) >= 2, "windows at 200 samples/s")
+        st.until(lambda: len(a.rec.windows()) >= 2, "windows at 200 samples/s")
         calm = (gauge(rt, THROTTLED), src.events, ctl.status()["safety_level"])
-        over_ns = time.monotonic_ns()
+        over_ns = st.clock()
         src.rate = 4000.0
-        wait_for(lambda: gauge(rt, THROTTLED) == 1, f"{THROTTLED} 1")
-        wait_for(lambda: ctl.status()["events"] == SHED_GROUP[:1], "one event per group")
+        st.until(lambda: gauge(rt, THROTTLED) == 1, f"{THROTTLED} 1")
+        st.until(lambda: ctl.status()["events"] == SHED_GROUP[:1], "one event per group")
         shed = (src.events, ctl.status()["safety_level"], ctl.status()["throttled"])
         n = len(a.rec.windows())
-        wait_for(lambda: len(a.rec.windows()) >= n + 2, "windows while shedding")
-        under_ns = time.monotonic_ns()
+        st.until(lambda: len(a.rec.windows()) >= n + 2, "windows while shedding")
+        under_ns = st.clock()
         src.rate = 200.0
-        wait_for(lambda: gauge(rt, THROTTLED) == 0, f"{THROTTLED} 0 again")
-        wait_for(lambda: ctl.status()["events"] == SHED_GROUP, "every event again")
+        st.until(lambda: gauge(rt, THROTTLED) == 0, f"{THROTTLED} 0 again")
+        st.until(lambda: ctl.status()["events"] == SHED_GROUP, "every event again")
         back = (src.events, ctl.status()["safety_level"], ctl.status()["throttled"])
         n = len(a.rec.windows())
-        wait_for(lambda: len(a.rec.windows()) >= n + 2, "windows after shedding")
+        st.until(lambda: len(a.rec.windows()) >= n + 2, "windows after shedding")
+    finally:
+        a.rt.stop()
     assert calm == (0.0, full, "normal")
     assert shed == (one, "shed_heavy", True)
     assert back == (full, "normal", False)
@@ -533,19 +584,26 @@ def test_the_pmu_rotation_reaches_every_group() -> None:
     """Three groups, each on the PMU for ROTATION_S: the windows show them in turn
     (1, 2, 3, 1, ...), the source samples each group's events while it holds the PMU
     (group 2's samples arrive, none before the first turn), and every sample's cost
-    and the reported scale are those of an event in one of three groups."""
+    and the reported scale are those of an event in one of three groups. Stepped:
+    with the threads, a first flush late by a turn on a loaded machine began the
+    windows at group 2."""
     cfg = config()
     cfg.mode.auto = False
     cfg.perf.sentinel_groups = ROTATION
     cfg.perf.rotation_window = ROTATION_S
     cfg.perf.sentinel_samples_per_sec = 20_000  # nothing dropped, nothing shed
     cfg.mock.rate = 1000
-    with started(cfg) as a:
-        wait_for(
+    st = Stepped(cfg)  # the turns and the windows on a clock of the test's own
+    a = st.a
+    try:
+        st.until(
             lambda: len(runs([s.events for s in a.rec.windows()])) >= 5,
             "the groups 1, 2, 3, 1, 2 in turn",
+            most=40,
         )
         pmu_scale = gauges(a.rt, "ms_pmu_scale", "event")
+    finally:
+        a.rt.stop()
     windows = a.rec.windows()
     order = runs([s.events for s in windows])
     assert order == [ROTATION[i % len(ROTATION)] for i in range(len(order))]

@@ -1,11 +1,11 @@
 """ClickHouse storage of meridian sentinel: the batcher's exactly-once and spool logic,
-against a fake store that can be down, slow, or lose its answers."""
+against a fake store (sentinel_store.FakeStore) that can be down, slow, or lose its
+answers, and that keeps a batch inserted twice twice, as ClickHouse does."""
 
 from __future__ import annotations
 
 import errno
 import io
-import json
 import os
 import threading
 import time
@@ -13,59 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sentinel_store import rollups, say_lines, wait_stored
+from sentinel_store import FakeStore, rollups, say_lines, wait_stored
 
-from meridian.tools.sentinel.storage import BatchInfo, BatchingSink, Reporter, StoreUnavailable
+from meridian.tools.sentinel.storage import BatchInfo, BatchingSink, Reporter
 from meridian.tools.sentinel.storage.sender import Sender
 from meridian.tools.sentinel.storage.spool import Spool
 from meridian.tools.sentinel.storage.writer import StoreWriter
-
-
-class FakeStore:
-    """Stores batches by id; `fail` makes the next inserts fail in a given way."""
-
-    name = "fake://store"
-
-    def __init__(self) -> None:
-        self.batches: dict[int, tuple[BatchInfo, bytes]] = {}
-        self.inserts = 0
-        self.fail: list[str] = []  # "down", "lost-answer" (stored, then no answer)
-        self.down = False
-        self.gate = threading.Event()  # inserts wait for it: a slow store
-        self.gate.set()
-        self.mu = threading.Lock()
-
-    def open(self) -> None:
-        if self.down:
-            raise StoreUnavailable("fake store is down", kind="unreachable")
-
-    def insert(self, info: BatchInfo, payload: bytes) -> None:
-        self.gate.wait(30)
-        with self.mu:
-            self.inserts += 1
-            how = self.fail.pop(0) if self.fail else ""
-            if self.down or how == "down":
-                raise StoreUnavailable("fake store is down", kind="unreachable")
-            self.batches[info.batch_id] = (info, payload)
-            if how == "lost-answer":
-                raise StoreUnavailable("fake: no answer", kind="unreachable", ambiguous=True)
-
-    def stored_rows(self, info: BatchInfo) -> int:
-        if self.down:
-            raise StoreUnavailable("fake store is down", kind="unreachable")
-        return self.batches[info.batch_id][0].rows if info.batch_id in self.batches else 0
-
-    def query(self, sql: str) -> list[dict[str, Any]]:
-        return []
-
-    def close(self) -> None:
-        pass
-
-    def flows(self) -> list[int]:
-        out = []
-        for _, payload in self.batches.values():
-            out += [json.loads(line)["flow_id"] for line in payload.decode().splitlines()]
-        return sorted(out)
 
 
 def fake_sink(tmp_path: Path, store: FakeStore, **kw: Any) -> tuple[BatchingSink, Reporter]:
@@ -85,10 +38,10 @@ def test_batches_by_size_and_time(tmp_path: Path) -> None:
         while len(store.batches) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         # two full batches go at once; the 50 left wait for the interval
-        assert sorted(i.rows for i, _ in store.batches.values()) == [100, 100]
+        assert sorted(i.rows for i, _ in store.batches) == [100, 100]
         while len(store.batches) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert sorted(i.rows for i, _ in store.batches.values()) == [50, 100, 100]
+        assert sorted(i.rows for i, _ in store.batches) == [50, 100, 100]
         assert store.flows() == list(range(250))
     finally:
         sink.close()
@@ -103,6 +56,7 @@ def test_lost_answer_is_not_sent_twice(tmp_path: Path) -> None:
         sink.write_rollups(rollups(100, 100))
         wait_stored(sink, 10)
         assert store.flows() == list(range(200))  # each row once
+        assert store.duplicates == 0
         st = sink.stats()
         assert st.rows_written == 200 and st.dropped_rows == 0 and st.flush_errors == 2
     finally:
@@ -263,7 +217,7 @@ def test_spool_outlives_the_agent(tmp_path: Path) -> None:
     again, _ = fake_sink(tmp_path, store)
     try:
         wait_stored(again, 10)
-        assert store.flows() == list(range(150))
+        assert store.flows() == list(range(150)) and store.duplicates == 0
     finally:
         again.close()
 

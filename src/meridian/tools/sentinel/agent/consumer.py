@@ -104,6 +104,10 @@ class Consumer:
     _asked: int = field(init=False, default=0)
     _served: int = field(init=False, default=0)
     _polling: bool = field(init=False, default=False)
+    # when the clock model, the drop counters and the scales are read next (state.clock)
+    _next_cal: int = field(init=False, default=0)
+    _next_drop: int = field(init=False, default=0)
+    _next_scales: int = field(init=False, default=0)
 
     def __post_init__(self, names: RuntimeNames) -> None:
         self.cpus = list(self.cpus)
@@ -146,31 +150,10 @@ class Consumer:
             self._taken.wait(left)
 
     def _poll_loop(self) -> None:
-        state, src = self.state, self.source
-        next_cal = next_drop = next_scales = 0
+        state = self.state
         while not state.stopping.is_set():
-            began, asked = time.monotonic(), self._asked
-            self._apply_requests()
-            turned = self.plan.tick(state.clock())
-            if turned is not None:
-                self._switch_events(turned)
-            if state.clock() >= next_scales:
-                self._rescale()
-                next_scales = state.clock() + int(SCALES_S * 1e9)
-            samples, lbr = src.poll(POLL_S)
-            small = len(samples) < SMALL_BATCH
-            self._take(samples, lbr)
-            if asked > self._served:  # a window ends: the names of its flows
-                self.flows.update(src, samples["flow_id"][:0], force=True)
-            now = state.clock()
-            if now >= next_cal:
-                self.calibrator.calibrate(self.cpus)
-                next_cal = now + int(CALIBRATE_S * 1e9)
-            if now >= next_drop or asked > self._served:
-                state.dropped = dict(src.dropped())
-                next_drop = now + int(DROPPED_S * 1e9)
-            self._served = asked
-            self._taken.set()
+            began = time.monotonic()
+            small = self.step()
             # A batch costs per batch (polls of the maps, numpy calls in each stage): after
             # a small one the source keeps what comes for a while (big ones come at once);
             # a request, the flush (catch_up) or stop() cuts the wait short.
@@ -178,6 +161,36 @@ class Consumer:
             if small and left > 0:
                 state.wakeup.wait(left)
                 state.wakeup.clear()
+
+    def step(self, timeout: float = POLL_S) -> bool:
+        """One turn of the thread's loop: the requests posted, the rotation, one poll
+        and its batch, then the clock model and the drop counters when due (or when a
+        window ends: catch_up). True when the batch was small. A test may run it
+        alone, the source's and the state's clocks its own, between its flushes."""
+        state, src = self.state, self.source
+        asked = self._asked
+        self._apply_requests()
+        turned = self.plan.tick(state.clock())
+        if turned is not None:
+            self._switch_events(turned)
+        if state.clock() >= self._next_scales:
+            self._rescale()
+            self._next_scales = state.clock() + int(SCALES_S * 1e9)
+        samples, lbr = src.poll(timeout)
+        small = len(samples) < SMALL_BATCH
+        self._take(samples, lbr)
+        if asked > self._served:  # a window ends: the names of its flows
+            self.flows.update(src, samples["flow_id"][:0], force=True)
+        now = state.clock()
+        if now >= self._next_cal:
+            self.calibrator.calibrate(self.cpus)
+            self._next_cal = now + int(CALIBRATE_S * 1e9)
+        if now >= self._next_drop or asked > self._served:
+            state.dropped = dict(src.dropped())
+            self._next_drop = now + int(DROPPED_S * 1e9)
+        self._served = asked
+        self._taken.set()
+        return small
 
     def _drain(self) -> None:
         """Stop the kernel sampling first (else what it emits between this poll and

@@ -122,6 +122,17 @@ class Runtime:
 
     def start(self) -> None:
         """Open the source and start the threads; on an error the source is closed again."""
+        consumer, flusher = self.open()
+        self._spawn("sentinel-consumer", consumer.run)
+        self._spawn("sentinel-flush", flusher.run)
+        if getattr(self.symbolizer, "warm", None) is not None:
+            self._spawn("sentinel-symbols", self._warm_symbols)
+
+    def open(self) -> tuple[Consumer, Flusher]:
+        """What start() does before its threads: the source opened, its consumer, and
+        the flusher. start() runs them on their threads; a test may step them itself
+        (`consumer.step()`, then `flusher.flush(now)`) on a clock of its own, and
+        stop() as after start()."""
         state = self.state
         state.started = True
         load_kernel = getattr(self.symbolizer, "load_kernel", None)
@@ -147,10 +158,7 @@ class Runtime:
             catch_up=consumer.catch_up,
             started_ns=self.started_ns,
         )
-        self._spawn("sentinel-consumer", consumer.run)
-        self._spawn("sentinel-flush", self._flusher.run)
-        if getattr(self.symbolizer, "warm", None) is not None:
-            self._spawn("sentinel-symbols", self._warm_symbols)
+        return consumer, self._flusher
 
     def _open(self, src: SampleSource) -> Consumer:
         """The consumer of `src`, which has opened its first group."""
