@@ -1,7 +1,9 @@
 """The on-disk queue of batches not yet stored: a FIFO of files in one directory, at
-most `max_bytes` together. Every batch is written here before it is sent, and removed
-once the store has it; the spool outlives the agent, so the next run on it sends what
-the last one could not.
+most `max_bytes` together, counted as the disk blocks the files take (what `du` and
+the kubelet's emptyDir sizeLimit count: a batch of a few rows takes a whole block, so
+counting its bytes let a quiet node's spool take up to 10x more). Every batch is
+written here before it is sent, and removed once the store has it; the spool outlives
+the agent, so the next run on it sends what the last one could not.
 
 One file per batch, `<seq>.batch`: a JSON header line (the BatchInfo and whether the
 batch may already be stored) and the JSONEachRow payload. A file is written under a
@@ -71,7 +73,7 @@ class Spool:
                 with open(path, "rb") as f:
                     head = json.loads(f.readline())
                 info = BatchInfo(**head["info"])
-                entry = Spooled(seq, info, path.stat().st_size, bool(head["uncertain"]))
+                entry = Spooled(seq, info, _on_disk(path), bool(head["uncertain"]))
             except (OSError, ValueError, KeyError, TypeError):
                 with contextlib.suppress(OSError):
                     path.rename(path.with_suffix(".bad"))
@@ -104,13 +106,13 @@ class Spool:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise
-        return len(head) + len(payload)
+        return _on_disk(self._path(seq))
 
     def put(self, info: BatchInfo, payload: bytes, uncertain: bool = False) -> bool:
         """Append a batch; False when it does not fit under max_bytes or cannot be
         written (`last_error` says which): the caller counts its rows as dropped."""
         with self._mu:
-            size = len(payload) + 256
+            size = _blocks(len(payload) + 256)  # the header is a few dozen bytes
             if self._bytes + size > self.max_bytes:
                 self.last_error = (
                     f"storage spool {self.dir} is full ({_size(self.max_bytes)}, "
@@ -185,6 +187,20 @@ class Spool:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
+
+
+BLOCK = 4096  # the allocation unit of the file systems a spool lives on (ext4, xfs, tmpfs)
+
+
+def _blocks(n: int) -> int:
+    """`n` bytes as the whole blocks a file of them takes."""
+    return -(-n // BLOCK) * BLOCK
+
+
+def _on_disk(path: Path) -> int:
+    """What a file takes on disk: its allocated blocks (at least its size in blocks)."""
+    st = path.stat()
+    return max(st.st_blocks * 512, _blocks(st.st_size))
 
 
 def _size(n: int) -> str:
