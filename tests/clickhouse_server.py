@@ -13,7 +13,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -121,7 +121,7 @@ class ClickHouseServer:
             self.proc.wait(10)
 
 
-def running_server(root: Path) -> Iterator[ClickHouseServer]:
+def running_server(root: Path) -> Generator[ClickHouseServer, None, None]:
     if not os.access(SERVER, os.X_OK):
         pytest.skip("clickhouse-server is not installed (apt-get install clickhouse-server)")
     srv = ClickHouseServer(root)

@@ -42,6 +42,7 @@ class Cfg:
     batch_rows: int = 1000
     flush_interval: float = 0.2
     spool_max_bytes: int = 1 << 24
+    retention_days: int = 14
 
 
 @pytest.mark.usefixtures("chdb_ok")

@@ -1,6 +1,9 @@
 """ClickHouse storage of meridian sentinel against a real ClickHouse server (Debian's
 clickhouse-server, started here as a child on a free port and stopped in a finally):
-every row once across a restart and lost answers, and each failure said once."""
+every row once across a restart and lost answers, and each failure said once. The
+retention (clickhouse.retention_days) as the timed tables' TTL: on a server that has
+TTL (chDB's ClickHouse 26; Debian's 18.16 has none, which the agent says), in the
+CREATE and changed at start when the setting changed."""
 
 from __future__ import annotations
 
@@ -22,9 +25,16 @@ from meridian.errors import UsageError
 from meridian.tools.sentinel.storage import (
     TABLES,
     BatchingSink,
+    ChdbBackend,
     HttpBackend,
     Reporter,
     StoreUnavailable,
+)
+from meridian.tools.sentinel.storage.schema import (
+    statements,
+    ttl_changes,
+    ttl_missing,
+    ttl_supported,
 )
 from meridian.tools.sentinel.symbols.symbolizer import DataObject, Frame
 
@@ -255,3 +265,77 @@ def test_remote_unreachable_said_once(tmp_path: Path) -> None:
 def test_bad_url_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match=r"clickhouse\.url"):
         HttpBackend("localhost:8123")
+
+
+def test_ttl_only_where_the_server_has_it() -> None:
+    assert [ttl_supported(v) for v in ("18.16.1", "19.5.4", "19.6.2.11", "24.8.1", "")] == [
+        False, False, True, True, False,
+    ]  # fmt: skip
+    timed = [sql for sql in statements(14) if "TTL" in sql]
+    assert [sql.split()[5] for sql in timed] == ["ms_flow_rollup", "ms_raw_samples"]
+    assert all(sql.endswith("\nTTL ts + toIntervalDay(14)") for sql in timed)
+    assert not any("TTL" in sql for sql in statements(0))
+    assert ttl_missing("24.8.1", 14) == ttl_missing("18.16.1", 0) == ""
+    assert "ClickHouse 18.16.1 has no table TTL" in ttl_missing("18.16.1", 14)
+
+
+def test_ttl_changes_only_what_differs() -> None:
+    engine = (
+        "MergeTree PARTITION BY toYYYYMMDD(ts) ORDER BY (x){} SETTINGS index_granularity = 8192"
+    )
+    found: list[dict[str, object]] = [
+        {"name": "ms_raw_samples", "engine_full": engine.format("")},
+        {"name": "ms_flow_rollup", "engine_full": engine.format(" TTL ts + toIntervalDay(14)")},
+    ]
+    assert ttl_changes(found, 14) == [
+        "ALTER TABLE ms_raw_samples MODIFY TTL ts + toIntervalDay(14)"
+    ]
+    assert ttl_changes(found, 7) == [
+        "ALTER TABLE ms_flow_rollup MODIFY TTL ts + toIntervalDay(7)",
+        "ALTER TABLE ms_raw_samples MODIFY TTL ts + toIntervalDay(7)",
+    ]
+    assert ttl_changes(found, 0) == ["ALTER TABLE ms_flow_rollup REMOVE TTL"]
+
+
+def test_remote_server_without_ttl_says_the_retention_is_not_applied(
+    shared_server: ClickHouseServer, tmp_path: Path
+) -> None:
+    backend = HttpBackend(shared_server.url, "writer", password_file(tmp_path), "nottl",
+                          retention_days=14)  # fmt: skip
+    backend.open()
+    assert backend.notice == ttl_missing(backend.server_version, 14)
+    if ttl_supported(backend.server_version):  # a newer server than Debian's
+        (row,) = backend.query("SHOW CREATE TABLE ms_flow_rollup")
+        assert "TTL ts + toIntervalDay(14)" in row["statement"]
+    else:
+        assert "no table TTL" in backend.notice
+        (row,) = backend.query("SHOW CREATE TABLE ms_flow_rollup")
+        assert "TTL" not in row["statement"]
+    assert HttpBackend(shared_server.url, "writer", password_file(tmp_path), "nottl").notice == ""
+
+
+def show_create(backend: ChdbBackend, table: str) -> str:
+    (row,) = backend.query(f"SHOW CREATE TABLE {table}")
+    return str(row["statement"])
+
+
+def test_embedded_server_keeps_the_retention_as_ttl(tmp_path: Path) -> None:
+    """chDB (ClickHouse 26): the TTL in SHOW CREATE TABLE, in the CREATE of a new store
+    and changed at the next start when retention_days changed; 0 removes it."""
+    pytest.importorskip("chdb", reason="chDB is not installed (pip install chdb)")
+    for days, want in ((14, "TTL ts + toIntervalDay(14)"), (3, "TTL ts + toIntervalDay(3)")):
+        backend = ChdbBackend(tmp_path / "store", "ttl", retention_days=days)
+        backend.open()
+        try:
+            assert backend.notice == ""
+            for table in ("ms_flow_rollup", "ms_raw_samples"):
+                assert want in show_create(backend, table)
+            assert "TTL" not in show_create(backend, "ms_callstacks")  # names stay
+        finally:
+            backend.close()
+    backend = ChdbBackend(tmp_path / "store", "ttl", retention_days=0)
+    backend.open()
+    try:
+        assert "TTL" not in show_create(backend, "ms_flow_rollup")
+    finally:
+        backend.close()

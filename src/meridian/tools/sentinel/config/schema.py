@@ -293,6 +293,9 @@ class ClickHouseConfig(Settings):
     user: str = _key("default", "ClickHouse user")
     password_file: str | None = _key(None, "file holding the ClickHouse password")
     database: str = _key("default", "ClickHouse database")
+    retention_days: ZeroOrMore = _key(
+        14, "days rollups and raw samples are kept (the tables' TTL); 0: forever"
+    )
     batch_rows: OneOrMore = _key(10000, "rows per INSERT batch at most")
     flush_interval: Interval = _key(1.0, "seconds before a partial batch is sent")
     spool_dir: str | None = _key(

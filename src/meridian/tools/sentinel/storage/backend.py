@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ....errors import EnvironmentProblem
-from .schema import TIMED, schema_problem, seed_names_missing
+from .schema import TIMED, schema_problem, seed_names_missing, ttl_changes, ttl_sql
 
 __all__ = [
     "UNKNOWN_DATABASE",
@@ -25,6 +25,7 @@ __all__ = [
     "found_tables_problem",
     "no_tables",
     "one_line",
+    "set_retention",
     "stored_rows_sql",
 ]
 
@@ -121,6 +122,27 @@ def add_seed_names(run: Callable[[str], object], found: list[dict[str, Any]]) ->
         f"could not add the seed's column names ({lacking}): {why}; the store is used by "
         "meridian's names, and a writer that may ALTER adds them at its start"
     )
+
+
+def set_retention(
+    run: Callable[[str], object], query: Callable[[str], list[dict[str, Any]]], days: int
+) -> str:
+    """Give the timed tables the TTL of `days` (0: none) where they have another, by
+    running each ALTER with `run`; "" when done, else why not, one line (a user that
+    may not ALTER TTL: rows are kept until someone drops them). A store that stops
+    answering meanwhile raises."""
+    try:
+        for sql in ttl_changes(query(ttl_sql()), days):
+            run(sql)
+    except StoreUnavailable as exc:
+        if exc.kind == "unreachable":
+            raise
+        why = str(exc)
+    except Exception as exc:  # chDB raises its own kinds
+        why = one_line(str(exc))
+    else:
+        return ""
+    return f"could not set clickhouse.retention_days ({days}) as the tables' TTL: {why}"
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,10 @@ from .backend import (
     found_tables_problem,
     no_tables,
     one_line,
+    set_retention,
     stored_rows_sql,
 )
-from .schema import columns_sql, statements
+from .schema import columns_sql, statements, ttl_missing, ttl_supported
 
 __all__ = ["LOCK_NAME", "ChdbBackend", "holder_pid"]
 
@@ -62,11 +63,13 @@ class ChdbBackend:
         database: str = "default",
         *,
         read_only: bool = False,
+        retention_days: int = 0,
     ) -> None:
         self.session_module = _chdb_session()
         self.path = Path(data_dir).expanduser().absolute()
         self.database = database
         self.read_only = read_only
+        self.retention_days = retention_days  # the timed tables' TTL in days; 0: none
         self.name = f"chdb:{self.path}"
         self.notice = ""  # what open() could not do but the store works without
         self._session: Any = None
@@ -121,12 +124,18 @@ class ChdbBackend:
                 if not self.read_only:
                     self._run(f"CREATE DATABASE IF NOT EXISTS {self.database}")
                 self._run(f"USE {self.database}")
+            version = str(self._rows("SELECT version() AS v")[0]["v"])
+            ttl = ttl_supported(version)
             if not self.read_only:
-                for sql in statements():
+                for sql in statements(self.retention_days if ttl else 0):
                     self._run(sql)
             found = self._rows(columns_sql())
             if not self.read_only:
-                self.notice = add_seed_names(self._run, found)
+                notices = [add_seed_names(self._run, found)]
+                if ttl:
+                    notices.append(set_retention(self._run, self._rows, self.retention_days))
+                notices.append(ttl_missing(version, self.retention_days))
+                self.notice = "; ".join(n for n in notices if n)
         except Exception as exc:
             if self.read_only and error_code(str(exc)) == UNKNOWN_DATABASE:
                 raise no_tables(self.database, self.name) from None

@@ -50,12 +50,20 @@ def open_backend(cfg: Any, *, read_only: bool = False) -> Backend:
         raise UsageError(
             f"clickhouse.database: expected letters, digits and _, got {cfg.database!r}"
         )
+    days = cfg.retention_days
     if cfg.url:
-        return HttpBackend(cfg.url, cfg.user, cfg.password_file, cfg.database, read_only=read_only)
+        return HttpBackend(
+            cfg.url,
+            cfg.user,
+            cfg.password_file,
+            cfg.database,
+            read_only=read_only,
+            retention_days=days,
+        )
     path = data_dir_for(cfg)
     if path.exists() and not path.is_dir():
         raise UsageError(f"clickhouse.data_dir (--data-dir): {path} is not a directory")
-    return ChdbBackend(path, cfg.database, read_only=read_only)
+    return ChdbBackend(path, cfg.database, read_only=read_only, retention_days=days)
 
 
 def spool_dir_for(cfg: Any) -> Path:

@@ -39,9 +39,10 @@ from .backend import (
     error_code,
     found_tables_problem,
     one_line,
+    set_retention,
     stored_rows_sql,
 )
-from .schema import columns_sql, statements
+from .schema import columns_sql, statements, ttl_missing, ttl_supported
 
 __all__ = ["HttpBackend"]
 
@@ -65,6 +66,7 @@ class HttpBackend:
         timeout: float = 10.0,
         *,
         read_only: bool = False,
+        retention_days: int = 0,
     ) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -76,6 +78,7 @@ class HttpBackend:
         self.database = database
         self.timeout = timeout
         self.read_only = read_only
+        self.retention_days = retention_days  # the timed tables' TTL in days; 0: none
         self.server_version = ""
         self.notice = ""  # what open() could not do but the store works without
         self._password: str | None = None
@@ -150,10 +153,11 @@ class HttpBackend:
     def open(self) -> None:
         bare = {"database": ""}
         self.server_version = self._post(b"SELECT version()", bare).decode().strip()
+        ttl = ttl_supported(self.server_version)
         if not self.read_only:
             if self.database != "default":
                 self._post(f"CREATE DATABASE IF NOT EXISTS {self.database}".encode(), bare)
-            for sql in statements():
+            for sql in statements(self.retention_days if ttl else 0):
                 self._post(sql.encode())
         try:
             found = self.query(columns_sql())
@@ -165,7 +169,14 @@ class HttpBackend:
         if problem:
             raise StoreUnavailable(f"ClickHouse at {self.name}: {problem}", kind="schema")
         if not self.read_only:
-            self.notice = add_seed_names(lambda sql: self._post(sql.encode()), found)
+            notices = [add_seed_names(self._run, found)]
+            if ttl:
+                notices.append(set_retention(self._run, self.query, self.retention_days))
+            notices.append(ttl_missing(self.server_version, self.retention_days))
+            self.notice = "; ".join(n for n in notices if n)
+
+    def _run(self, sql: str) -> None:
+        self._post(sql.encode())
 
     def insert(self, info: BatchInfo, payload: bytes) -> None:
         params = {

@@ -1,6 +1,7 @@
 """The tables, read from schema.sql (the one definition both stores apply), split
 into statements a store runs one at a time: the CREATEs, then the seed's column names
-(ALIAS columns) that a table lacks."""
+(ALIAS columns) that a table lacks; and the retention (clickhouse.retention_days) as the
+timed tables' TTL, on a server that has TTL."""
 
 from __future__ import annotations
 
@@ -17,12 +18,18 @@ __all__ = [
     "STACKS",
     "TABLES",
     "TIMED",
+    "TTL_SINCE",
     "columns",
     "columns_sql",
     "schema_problem",
     "seed_names",
     "seed_names_missing",
     "statements",
+    "ttl_changes",
+    "ttl_expression",
+    "ttl_missing",
+    "ttl_sql",
+    "ttl_supported",
 ]
 
 ROLLUP = "ms_flow_rollup"
@@ -35,11 +42,18 @@ TABLES = (ROLLUP, RAW, STACKS, DATA_OBJECTS, FLOWS, FUNCTIONS)
 # Tables partitioned by day of `ts`: a batch never spans two days, so it is one part,
 # stored whole or not at all.
 TIMED = frozenset((ROLLUP, RAW))
+# Table TTL came in ClickHouse 19.6 (Debian 12's clickhouse-server is 18.16). Only the
+# timed tables get one, on the day of `ts`: they hold nearly every row. The names
+# (stacks, flows, functions, data objects) are written once per run, when first used,
+# so a TTL on them would take names that a run's recent rollups still refer to.
+TTL_SINCE = (19, 6)
 
 _COMMENT = re.compile(r"--[^\n]*")
 _TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)")
 _COLUMN = re.compile(r"(?:^|,)\s+(\w+) [A-Z]", re.MULTILINE)  # a line may hold several
 _ALIAS = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+) ")
+_TTL = re.compile(r" TTL (.+?)(?: SETTINGS |$)")
+_VERSION = re.compile(r"(\d+)\.(\d+)")
 
 
 @cache
@@ -51,9 +65,64 @@ def _all() -> tuple[str, ...]:
     return tuple(s.strip() for s in text.split(";") if s.strip())
 
 
-def statements() -> tuple[str, ...]:
-    """The CREATE statements of schema.sql (the seed's names are `seed_names`)."""
-    return tuple(s for s in _all() if _TABLE.match(s))
+def statements(retention_days: int = 0) -> tuple[str, ...]:
+    """The CREATE statements of schema.sql (the seed's names are `seed_names`), the
+    timed tables' with a TTL of `retention_days` (0: none; only for a server that
+    ttl_supported)."""
+    out = []
+    for sql in _all():
+        m = _TABLE.match(sql)
+        if m:
+            if retention_days and m.group(1) in TIMED:
+                sql += f"\nTTL {ttl_expression(retention_days)}"
+            out.append(sql)
+    return tuple(out)
+
+
+def ttl_supported(version: str) -> bool:
+    """Whether a server of this version (`SELECT version()`) has table TTL."""
+    m = _VERSION.match(version)
+    return m is not None and (int(m.group(1)), int(m.group(2))) >= TTL_SINCE
+
+
+def ttl_expression(days: int) -> str:
+    """The TTL of a timed table, as the server writes it back in system.tables."""
+    return f"ts + toIntervalDay({int(days)})"
+
+
+def ttl_sql() -> str:
+    """The engine (with its TTL) of each timed table in the current database."""
+    names = ", ".join(f"'{t}'" for t in sorted(TIMED))
+    return (
+        "SELECT name, engine_full FROM system.tables "
+        f"WHERE database = currentDatabase() AND name IN ({names})"
+    )
+
+
+def ttl_changes(found: list[dict[str, object]], days: int) -> list[str]:
+    """The ALTERs that give the timed tables (rows of ttl_sql) the TTL of `days`: a
+    table made before, or with another retention, keeps its TTL through CREATE IF NOT
+    EXISTS. The server applies a new TTL to the rows it has (materialize_ttl_after_modify)."""
+    out = []
+    for row in sorted(found, key=lambda r: str(r["name"])):
+        m = _TTL.search(str(row["engine_full"]))
+        have = m.group(1) if m else ""
+        want = ttl_expression(days) if days else ""
+        if have != want:
+            change = f"MODIFY TTL {want}" if want else "REMOVE TTL"
+            out.append(f"ALTER TABLE {row['name']} {change}")
+    return out
+
+
+def ttl_missing(version: str, days: int) -> str:
+    """What the agent says when the server cannot keep `days` of rows ("" if it can)."""
+    if not days or ttl_supported(version):
+        return ""
+    return (
+        f"ClickHouse {version} has no table TTL (19.6 and later have): clickhouse."
+        f"retention_days ({days}) is not applied, drop old days by hand "
+        "(ALTER TABLE ms_flow_rollup DROP PARTITION YYYYMMDD, and ms_raw_samples)"
+    )
 
 
 @cache

@@ -6,7 +6,10 @@
 -- One schema for both stores: it is accepted by ClickHouse 18.16 (Debian's
 -- clickhouse-server) and by chDB 4.x (ClickHouse 26.x); it uses nothing newer than
 -- 18.16 has (no DateTime64, LowCardinality, TTL, CODEC), so it needs no per-version
--- variant.
+-- variant. The one exception is added by the store where the server has it (19.6 and
+-- later): ms_flow_rollup and ms_raw_samples get `TTL ts + toIntervalDay(N)` from
+-- clickhouse.retention_days (14; 0: none), in the CREATE and, for a table made
+-- before or with another N, by ALTER TABLE ... MODIFY TTL at start (schema.py).
 --
 -- Common columns:
 --   run_id    the agent run that wrote the row: function, call-stack and data-object
@@ -18,7 +21,8 @@
 --             before sending again, so every row is stored exactly once
 -- Times are wall-clock nanoseconds since the epoch; `ts` (seconds) is derived on insert
 -- and is what the sorting and partition keys use: filter on `ts` for a time range.
--- Partitions are days, so old data is dropped with
+-- Partitions are days, so the TTL drops whole parts, and on a server without TTL old
+-- data is dropped with
 --   ALTER TABLE ms_raw_samples DROP PARTITION 20261123
 
 -- Windowed rollups: the aggregation key, samples and
