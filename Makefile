@@ -15,9 +15,11 @@ CLANG     ?= clang
 BPFTOOL   ?= bpftool
 # Each test that would otherwise skip needs its package here (MERIDIAN_REQUIRE_BPF=1 fails
 # a skip): gcc, libc6-dev and binutils (nm) build test programs, util-linux has setpriv,
-# taskset and losetup, mount mounts tracefs and securityfs.
+# taskset and losetup, mount mounts tracefs and securityfs; kubectl renders deploy/kubernetes
+# (kustomize): it comes with this machine's image, else Debian's older kubernetes-client.
 DEB_PKGS  := clang llvm libbpf-dev bpftool bpftrace fio e2fsprogs util-linux mount zstd gcc \
-             libc6-dev binutils strace systemd prometheus iperf3 iproute2 clickhouse-server chromium
+             libc6-dev binutils strace systemd prometheus iperf3 iproute2 clickhouse-server chromium \
+             $(if $(shell command -v kubectl),,kubernetes-client)
 PYTEST_ARGS ?=
 # The kernel matrix (make test-kernels): Debian 12's own kernel and its backport, booted
 # under QEMU by virtme-ng over this root file system; the newest installed of each.
@@ -25,8 +27,11 @@ KERNEL_PKGS := qemu-system-x86 busybox-static linux-image-amd64 linux-image-6.12
 KERNELS   ?= $$(for v in 6.1.0 6.12.; do ls -v /boot/vmlinuz-$$v* | tail -n 1; done)
 # The OCI image (make image, deploy/image/build.sh): mmdebstrap makes the root file
 # system, podman holds the image; runc runs it where crun cannot (a host with hybrid
-# cgroups, tests/test_image.py).
+# cgroups, tests/deploy/test_image.py).
 IMAGE_PKGS := mmdebstrap podman runc
+# make deploy-test: libfuse 3 for its slow disk (a loop device over a FUSE file that
+# sleeps, tests/deploy/slowdisk.py).
+DEPLOY_PKGS := libfuse3-3
 VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE     ?= localhost/meridian:$(VERSION)
 IMAGE_SRC := $(shell find src/meridian -name __pycache__ -prune -o -type f \( -name '*.py' -o -name '*.sql' -o -name py.typed \) -print)
@@ -114,7 +119,10 @@ $(BUILD)/image/.built: deploy/image/build.sh deploy/wheel.sh pyproject.toml $(IM
 # The fleet rollout of deploy/, run on this machine (tests/deploy, marker `deploy`, which
 # `make test` leaves out): the image, each DaemonSet's pod template under podman kube
 # play as written, Debian's ClickHouse and Prometheus.
-deploy-test: image
+$(BUILD)/.deploy-deps: Makefile | $(BUILD)/.image-deps
+	$(call install_missing,$(DEPLOY_PKGS))
+
+deploy-test: image $(BUILD)/.deploy-deps
 	$(PY) -m pytest -m deploy tests/deploy $(PYTEST_ARGS)
 
 lint: venv
@@ -125,6 +133,26 @@ lint: venv
 bench: venv bpf
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/run.py
+
+# Mutation testing (mutmut 3; not in CI: long; docs/testing.md keeps the score, the
+# survivors and why mutmut). It runs in $(BUILD)/mutation, a copy of src and tests,
+# never on the work tree. MUTATE: the code mutated (globs); MUTATION_TESTS: the
+# non-kernel tests that may kill its mutants (mutmut runs, for each mutant, those
+# that cover its function).
+MUTATE ?= src/meridian/tools/sentinel/storage/*
+MUTATION_TESTS ?= tests/test_sentinel_storage_sender.py tests/test_sentinel_storage_spool.py \
+                  tests/test_sentinel_storage_rows.py
+.PHONY: mutation
+mutation: venv bpf
+	$(PY) -m pip install -q 'mutmut>=3.8,<4'
+	rm -rf $(BUILD)/mutation && mkdir -p $(BUILD)/mutation
+	cp -r src tests pyproject.toml $(BUILD)/mutation/
+	printf '%s\n' '[mutmut]' 'source_paths = src' 'only_mutate =' $(foreach m,$(MUTATE),'    $(m)') \
+	  'pytest_add_cli_args =' '    -m' '    not kernel' '    -p' '    no:cacheprovider' \
+	  'pytest_add_cli_args_test_selection =' $(foreach t,$(MUTATION_TESTS),'    $(t)') \
+	  > $(BUILD)/mutation/setup.cfg
+	cd $(BUILD)/mutation && nice -n 19 $(abspath $(VENV))/bin/mutmut run --max-children 2
+	cd $(BUILD)/mutation && $(abspath $(VENV))/bin/mutmut results
 
 clean:
 	rm -rf $(BUILD) $(OBJDIR)

@@ -212,27 +212,12 @@ def test_promtool_parses_every_panel_query(promtool: str, tmp_path: Path) -> Non
 
 
 class Prometheus:
-    """Debian's prometheus on a loopback port scraping the tools (job meridian-TOOL, as
-    the rules expect), its config and data in a temporary directory; `api()` answers
-    one /api/v1 call."""
+    """Debian's prometheus on a loopback port with this configuration, its config and
+    data in a temporary directory; `api()` answers one /api/v1 call. (Also
+    tests/deploy/promstack.py's, with the shipped deploy/prometheus/prometheus.yml.)"""
 
-    def __init__(self, port: int, root: Path, scrape: dict[str, int], rule_files: list[Path]):
+    def __init__(self, port: int, root: Path, config: dict[str, Any]):
         self.port = port
-        config = {
-            "global": {
-                "scrape_interval": SCRAPE,
-                "scrape_timeout": SCRAPE,
-                "evaluation_interval": "1s",
-            },
-            "rule_files": [str(p) for p in rule_files],
-            "scrape_configs": [
-                {
-                    "job_name": f"meridian-{tool}",
-                    "static_configs": [{"targets": [f"127.0.0.1:{p}"]}],
-                }
-                for tool, p in scrape.items()
-            ],
-        }
         (root / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.args = [
             PROMETHEUS,
@@ -261,6 +246,26 @@ class Prometheus:
                 return bool(r.status == 200)
         except OSError:
             return False
+
+
+def scraping(ports: dict[str, int], rule_files: list[Path]) -> dict[str, Any]:
+    """A configuration scraping each tool on its loopback port as the job the rules
+    expect (meridian-TOOL), quickly (SCRAPE, rules evaluated every second)."""
+    return {
+        "global": {
+            "scrape_interval": SCRAPE,
+            "scrape_timeout": SCRAPE,
+            "evaluation_interval": "1s",
+        },
+        "rule_files": [str(p) for p in rule_files],
+        "scrape_configs": [
+            {
+                "job_name": f"meridian-{tool}",
+                "static_configs": [{"targets": [f"127.0.0.1:{p}"]}],
+            }
+            for tool, p in ports.items()
+        ],
+    }
 
 
 @contextlib.contextmanager
@@ -361,7 +366,8 @@ def test_every_panel_query_has_data_from_the_running_tools(
     *tool_ports, prom_port = free_ports(len(TOOLS) + 1)
     ports = dict(zip(TOOLS, tool_ports, strict=True))
     at = {tool: f"127.0.0.1:{port}" for tool, port in ports.items()}
-    prom = Prometheus(prom_port, tmp_path, ports, sorted(RULES_DIR.glob("*-rules.yml")))
+    rule_files = sorted(RULES_DIR.glob("*-rules.yml"))
+    prom = Prometheus(prom_port, tmp_path, scraping(ports, rule_files))
     with contextlib.ExitStack() as stack:
 
         def log(name: str) -> TextIO:
@@ -408,13 +414,16 @@ def test_every_panel_query_has_data_from_the_running_tools(
             raise AssertionError(f"{exc}\n{tails(logs)}") from None
 
 
-def check_with_data(prom: Prometheus, ports: dict[str, int], loop: LoopDevice) -> None:
-    # the agent samples cpu-clock only: the PMU-only series cannot have data
-    assert {s["metric"]["event"] for s in prom.series("ms_pmu_scale")} == {"cpu-clock"}
-    wanted = {"device": loop.name, "event": "cpu-clock"}
-    pending: dict[str, str] = {}  # what: query
+def panel_queries(
+    prom: Prometheus, instances: dict[str, str], wanted: dict[str, str]
+) -> dict[str, str]:
+    """Every panel target's query ("TOOL: title refId" -> query) as Grafana sends it,
+    with $instance the tool's instance (the only value its variable may offer) and each
+    other variable the value in `wanted` (which its values must hold). Each query runs
+    (parses); those reading only PMU-only series are left out (they may be empty)."""
+    pending: dict[str, str] = {}
     for tool in TOOLS:
-        values = {"instance": f"127.0.0.1:{ports[tool]}"}
+        values = {"instance": instances[tool]}
         for name, var in variables(tool).items():
             if var["type"] != "query":
                 continue
@@ -431,27 +440,43 @@ def check_with_data(prom: Prometheus, ports: dict[str, int], loop: LoopDevice) -
             prom.series(query)  # parses and runs (status success), empty or not
             if not metrics_in(expr) <= PMU_ONLY:
                 pending[f"{tool}: {where}"] = query
-    recorded = [
-        r
+    return pending
+
+
+def recording_rules(prom: Prometheus) -> dict[str, str]:
+    """Each loaded recording rule ("recording rule NAME" -> NAME) but PMU-only ones."""
+    return {
+        f"recording rule {r['name']}": r["name"]
         for group in prom.api("rules")["groups"]
         for r in group["rules"]
-        if r["type"] == "recording"
-    ]
-    for r in recorded:
-        if not metrics_in(r["query"]) <= PMU_ONLY:
-            pending[f"recording rule {r['name']}"] = r["name"]
+        if r["type"] == "recording" and not metrics_in(r["query"]) <= PMU_ONLY
+    }
 
-    # Every query answers with a series once the workload's samples are in (the
-    # sentinel flows of the iperf3 stream come with the agent's sampling)
+
+def wait_for_data(prom: Prometheus, pending: dict[str, str], seconds: float) -> None:
+    """Wait until every query of `pending` (what -> query) answers with a series; the
+    failure lists those that did not, one a line."""
+    left = dict(pending)
+
     def answered() -> bool:
-        for what in [w for w, q in pending.items() if prom.series(q)]:
-            del pending[what]
-        return not pending
+        for what in [w for w, q in left.items() if prom.series(q)]:
+            del left[what]
+        return not left
 
     try:
-        wait_until(answered, 30, "data for every query", step=0.5)
+        wait_until(answered, seconds, "data for every query", step=0.5)
     except AssertionError:
-        raise AssertionError(f"no series for {pending}") from None
+        lines = "\n".join(f"  {what}: {query}" for what, query in left.items())
+        raise AssertionError(f"{len(left)} of {len(pending)} with no data:\n{lines}") from None
+
+
+def check_with_data(prom: Prometheus, ports: dict[str, int], loop: LoopDevice) -> None:
+    # the agent samples cpu-clock only: the PMU-only series cannot have data
+    assert {s["metric"]["event"] for s in prom.series("ms_pmu_scale")} == {"cpu-clock"}
+    instances = {tool: f"127.0.0.1:{ports[tool]}" for tool in TOOLS}
+    pending = panel_queries(prom, instances, {"device": loop.name, "event": "cpu-clock"})
+    # the sentinel flows of the iperf3 stream come with the agent's sampling
+    wait_for_data(prom, pending | recording_rules(prom), 30)
 
     groups = prom.api("rules")["groups"]
     assert {g["file"] for g in groups} == {str(p) for p in sorted(RULES_DIR.glob("*-rules.yml"))}

@@ -1,15 +1,16 @@
 """deploy/kubernetes: a namespace, a DaemonSet and a headless Service per exporter (meridian
-io, meridian biolat) and for the sentinel agent (with its ConfigMap), a ServiceMonitor,
-and the kustomization that lists them.
+io, biolat, memlat, runqlat) and for the sentinel agent (with its ConfigMap), the
+kustomization that lists them and names the image `make image` builds, the seccomp
+profile they use, and the optional Service naming the ClickHouse server
+(clickhouse/), with the grants of deploy/clickhouse/. The pods run as written in
+tests/deploy (make deploy-test).
 
 - Every manifest is valid for Kubernetes 1.37, the newest schemas kubernetes-validate
   ships (1.37.0 has 1.25 to 1.37), in strict mode: a field the API does not have fails.
-  The ServiceMonitor is a custom resource kubernetes-validate has no schema for (and no
-  way to be given one): it is checked here field by field against what
-  monitoring.coreos.com/v1 declares for the fields it uses, and against the Services.
 - Least privilege: no privileged container, ALL capabilities dropped and only those
   the tools were found to need added (the same as the systemd units'), a read-only
-  root file system, read-only host paths, host namespaces only where a tool needs them.
+  root file system, read-only host paths, host namespaces only where a tool needs them,
+  the shipped seccomp profile (generated from containers-common's default).
 - Each container's args are flags the real `meridian` parser accepts, serving on the
   port the Service and the annotations name; the sentinel's ConfigMap loads with the
   agent's own configuration loader.
@@ -19,7 +20,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import re
+import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -30,32 +35,31 @@ from unit_sandbox import caps, parse_unit
 
 from meridian.cli import build_parser
 from meridian.export.prometheus import parse_listen
+from meridian.tools.sentinel.storage.schema import seed_names, statements
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"
 KUBERNETES = "1.37.0"  # the newest schemas of kubernetes-validate 1.37.0
-IMAGE = "meridian:0.1.0"
+IMAGE = "localhost/meridian:0.1.0"  # what `make image` builds, as the nodes import it
 IO, BIOLAT, SENTINEL = "meridian-io-exporter", "meridian-biolat-exporter", "meridian-sentinel"
-# per DaemonSet: (tool, hostPID, hostNetwork); capabilities come from the systemd units
+MEMLAT, RUNQLAT = "meridian-memlat-exporter", "meridian-runqlat-exporter"
+# per DaemonSet: (tool, hostPID, hostNetwork, the systemd unit whose capabilities it
+# has: memlat and runqlat have no unit, and need what biolat needs)
 PODS = {
-    IO: ("io", True, False),
-    BIOLAT: ("biolat", False, False),
-    SENTINEL: ("sentinel", True, True),
+    IO: ("io", True, False, IO),
+    BIOLAT: ("biolat", False, False, BIOLAT),
+    MEMLAT: ("memlat", False, False, BIOLAT),
+    RUNQLAT: ("runqlat", False, False, BIOLAT),
+    SENTINEL: ("sentinel", True, True, SENTINEL),
 }
 HOST_PATHS = {"/sys/kernel/btf", "/sys/kernel/tracing"}
-# monitoring.coreos.com/v1 ServiceMonitor (prometheus-operator's CRD): the fields of
-# spec and of an endpoint that this file may use, and the CRD's patterns for them
-SPEC_FIELDS = {"selector", "namespaceSelector", "endpoints", "jobLabel", "targetLabels",
-               "podTargetLabels", "sampleLimit"}  # fmt: skip
-ENDPOINT_FIELDS = {"port", "path", "scheme", "interval", "scrapeTimeout", "honorLabels",
-                   "relabelings", "metricRelabelings"}  # fmt: skip
-DURATION = re.compile(r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
-                      r"(([0-9]+)s)?(([0-9]+)ms)?)$")  # fmt: skip
+SECCOMP = {"type": "Localhost", "localhostProfile": "meridian/meridian.json"}
+CONTAINERS_DEFAULT = Path("/usr/share/containers/seccomp.json")
 
 
-def documents() -> list[dict[str, Any]]:
+def documents(directory: Path = K8S) -> list[dict[str, Any]]:
     docs = []
-    for path in sorted(K8S.glob("*.yaml")):
+    for path in sorted(directory.glob("*.yaml")):
         if path.name != "kustomization.yaml":
             docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
     return docs
@@ -84,11 +88,9 @@ def test_every_manifest_is_valid_for_kubernetes_in_strict_mode() -> None:
     utils = pytest.importorskip("kubernetes_validate.utils")  # the deploy extra (make test)
     assert KUBERNETES in utils.all_versions()
     kinds = Counter(d["kind"] for d in documents())
-    assert kinds == {"Namespace": 1, "ConfigMap": 1, "DaemonSet": 3, "Service": 3,
-                     "ServiceMonitor": 1}  # fmt: skip
-    for doc in documents():
-        if doc["kind"] != "ServiceMonitor":  # a custom resource: the test below
-            assert utils.validate(doc, KUBERNETES, strict=True) == "1.37"
+    assert kinds == {"Namespace": 1, "ConfigMap": 1, "DaemonSet": 5, "Service": 5}
+    for doc in [*documents(), *documents(K8S / "clickhouse")]:
+        assert utils.validate(doc, KUBERNETES, strict=True) == "1.37"
 
 
 def test_strict_validation_refuses_a_misspelt_field() -> None:
@@ -99,42 +101,24 @@ def test_strict_validation_refuses_a_misspelt_field() -> None:
         utils.validate(ds, KUBERNETES, strict=True)
 
 
-def test_the_servicemonitor_scrapes_every_service_on_its_metrics_port() -> None:
-    (sm,) = of_kind("ServiceMonitor").values()
-    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
-    assert sm["metadata"]["namespace"] == "meridian"
-    spec = sm["spec"]
-    assert set(spec) <= SPEC_FIELDS
-    assert spec["endpoints"] and all(set(e) <= ENDPOINT_FIELDS for e in spec["endpoints"])
-    for e in spec["endpoints"]:
-        assert e["scheme"] in ("http", "https") and e["path"] == "/metrics"
-        assert DURATION.match(e["interval"]) and DURATION.match(e["scrapeTimeout"])
-    selected = {
-        name
-        for name, svc in of_kind("Service").items()
-        if spec["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-        and svc["metadata"]["namespace"] in spec["namespaceSelector"]["matchNames"]
-    }
-    assert selected == set(of_kind("Service")) == {IO, BIOLAT, SENTINEL}
-    for svc in of_kind("Service").values():
-        names = {p["name"] for p in svc["spec"]["ports"]}
-        assert {e["port"] for e in spec["endpoints"]} <= names
-    # the job label: each Service's jobLabel label, the jobs the alerts select
-    jobs = {svc["metadata"]["labels"][spec["jobLabel"]] for svc in of_kind("Service").values()}
+def test_every_tool_with_alerts_is_deployed_under_the_job_they_select() -> None:
+    """Each Service names its scrape job (meridian/job); the jobs are exactly those the
+    rules' alerts select, so no Absent alert fires for a tool nothing deploys."""
+    jobs = {svc["metadata"]["labels"]["meridian/job"] for svc in of_kind("Service").values()}
     rules = (ROOT / "deploy" / "prometheus").glob("*-rules.yml")
     wanted = {j for f in rules for j in re.findall(r'job="([^"]+)"', f.read_text())}
-    assert jobs == wanted - {"meridian-memlat", "meridian-runqlat"}  # no DaemonSets
+    assert jobs == wanted == {f"meridian-{tool}" for tool, *_ in PODS.values()}
 
 
-@pytest.mark.parametrize("name", [IO, BIOLAT, SENTINEL])
+@pytest.mark.parametrize("name", list(PODS))
 def test_the_daemonset_has_least_privilege(name: str) -> None:
     ds = of_kind("DaemonSet")[name]
     pod = ds["spec"]["template"]["spec"]
-    _, host_pid, host_network = PODS[name]
+    _, host_pid, host_network, unit_name = PODS[name]
     assert pod.get("hostPID", False) is host_pid
     assert pod.get("hostNetwork", False) is host_network
     assert not pod.get("hostIPC", False) and pod["automountServiceAccountToken"] is False
-    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["seccompProfile"] == SECCOMP
     if host_network:
         assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"  # cluster names still resolve
     c = container(ds)
@@ -143,7 +127,7 @@ def test_the_daemonset_has_least_privilege(name: str) -> None:
     assert sc["readOnlyRootFilesystem"] is True
     assert (sc["runAsUser"], sc["runAsNonRoot"]) == (0, False)  # capabilities need uid 0
     assert sc["capabilities"]["drop"] == ["ALL"]
-    unit = parse_unit((ROOT / "deploy" / "systemd" / f"{name}.service").read_text())
+    unit = parse_unit((ROOT / "deploy" / "systemd" / f"{unit_name}.service").read_text())
     assert {a.lower() for a in sc["capabilities"]["add"]} == set(caps(unit))
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert {v["hostPath"]["path"] for v in volumes.values() if "hostPath" in v} == HOST_PATHS
@@ -157,14 +141,14 @@ def test_the_daemonset_has_least_privilege(name: str) -> None:
         assert "memory" in c["resources"][key]
 
 
-@pytest.mark.parametrize("name", [IO, BIOLAT, SENTINEL])
+@pytest.mark.parametrize("name", list(PODS))
 def test_the_container_runs_meridian_with_flags_it_accepts_on_the_services_port(
     name: str,
 ) -> None:
     c = container(of_kind("DaemonSet")[name])
-    assert c["image"] == IMAGE and "command" not in c  # the image's entrypoint: meridian
+    assert "command" not in c  # the image's entrypoint: meridian
     args = parsed(c["args"])
-    tool, _, _ = PODS[name]
+    tool, *_ = PODS[name]
     assert args.tool == tool and args.duration is None
     port = metrics_port(c)
     if tool == "sentinel":
@@ -173,8 +157,10 @@ def test_the_container_runs_meridian_with_flags_it_accepts_on_the_services_port(
         assert parse_listen(args.prometheus) == ("0.0.0.0", port)
     if tool == "io":
         assert args.no_events and not args.top
-    if tool == "biolat":
+    if tool in ("biolat", "memlat", "runqlat"):
         assert args.interval is None and args.count is None
+    if tool in ("memlat", "runqlat"):
+        assert not args.pids  # -P fills the kernel's histogram map on a busy node
     svc = of_kind("Service")[name]
     assert svc["spec"]["clusterIP"] == "None"
     (sp,) = svc["spec"]["ports"]
@@ -207,6 +193,8 @@ def test_the_sentinel_configmap_is_a_config_the_agent_loads_with_the_api_off(
     here = [*args[: i + 1], str(tmp_path / "sentinel.yaml"), *args[i + 2 :]]
     cfg = config_from_args(parsed(here))
     assert cfg.clickhouse.enabled and cfg.clickhouse.url == "http://clickhouse.meridian.svc:8123"
+    assert (cfg.clickhouse.user, cfg.clickhouse.database) == ("meridian", "meridian")
+    assert cfg.clickhouse.retention_days == 14
     assert not cfg.control_plane.enabled
     assert (cfg.metrics.listen_address, cfg.metrics.listen_port) == ("0.0.0.0", metrics_port(c))
     # the password: the Secret's key in its mount; the spool: in the emptyDir
@@ -216,6 +204,10 @@ def test_the_sentinel_configmap_is_a_config_the_agent_loads_with_the_api_off(
     spool = mounts["spool"]
     assert "emptyDir" in volumes["spool"]
     assert spool_dir_for(cfg.clickhouse).is_relative_to(spool["mountPath"])
+    # room for the disk blocks the kubelet counts beyond the bytes the agent counts
+    # (tests/deploy/test_deploy_pods.py fills a spool and measures)
+    size_limit = volumes["spool"]["emptyDir"]["sizeLimit"]
+    assert size_limit == "1280Mi" and cfg.clickhouse.spool_max_bytes == 1 << 30
 
 
 def test_the_kustomization_lists_every_manifest_in_one_namespace() -> None:
@@ -231,4 +223,87 @@ def test_the_kustomization_lists_every_manifest_in_one_namespace() -> None:
             assert doc["metadata"]["namespace"] == "meridian"
     (image,) = k["images"]
     name, _, tag = IMAGE.partition(":")
-    assert (image["name"], image["newTag"]) == (name, tag)
+    assert (image["newName"], image["newTag"]) == (name, tag)
+    # the manifests name the image `meridian`, which the kustomization replaces
+    for ds in of_kind("DaemonSet").values():
+        assert container(ds)["image"] == f"{image['name']}:{tag}"
+    assert "operator" not in str(k["resources"]) and "clickhouse" not in str(k["resources"])
+
+
+def test_kustomize_renders_the_image_make_image_builds() -> None:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed (Debian's kubernetes-client)")
+    out = subprocess.run(["kubectl", "kustomize", str(K8S)], check=True, capture_output=True,
+                         text=True, timeout=60).stdout  # fmt: skip
+    images = {
+        c["image"]
+        for d in yaml.safe_load_all(out)
+        if d and d["kind"] == "DaemonSet"
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {IMAGE}
+
+
+def test_the_seccomp_profile_is_containers_commons_default_with_bpf_allowed() -> None:
+    """The shipped profile is plain OCI (every runtime reads it alike), allows bpf() and
+    perf_event_open() unconditionally, and is what generate.py makes of this host's
+    containers-common default."""
+    profile = json.loads((K8S / "seccomp" / SECCOMP["localhostProfile"].split("/")[1]).read_text())
+    assert set(profile) == {"defaultAction", "defaultErrnoRet", "architectures", "syscalls"}
+    assert profile["defaultAction"] == "SCMP_ACT_ERRNO"
+    allow = {n for r in profile["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" and not r.get("args")
+             for n in r["names"]}  # fmt: skip
+    deny = {n for r in profile["syscalls"] if r["action"] == "SCMP_ACT_ERRNO" for n in r["names"]}
+    assert {"bpf", "perf_event_open", "read", "mmap"} <= allow
+    assert {"kexec_load", "init_module", "delete_module", "acct"}.isdisjoint(allow)
+    assert not {"bpf", "perf_event_open"} & deny
+    assert all(set(r) <= {"names", "action", "errnoRet", "args"} for r in profile["syscalls"])
+    if not CONTAINERS_DEFAULT.exists():
+        pytest.skip("no containers-common default profile here (apt-get install podman)")
+    generated = subprocess.run(
+        [sys.executable, str(K8S / "seccomp" / "generate.py"), str(CONTAINERS_DEFAULT)],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    assert json.loads(generated) == profile
+
+
+def test_the_clickhouse_service_is_the_configmaps_host() -> None:
+    (svc,) = documents(K8S / "clickhouse")
+    k = yaml.safe_load((K8S / "clickhouse" / "kustomization.yaml").read_text())
+    assert k["resources"] == ["service.yaml"] and k["namespace"] == "meridian"
+    assert svc["kind"] == "Service" and svc["spec"]["type"] == "ExternalName"
+    name = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"
+    (cm,) = of_kind("ConfigMap").values()
+    url = yaml.safe_load(cm["data"]["sentinel.yaml"])["clickhouse"]["url"]
+    assert url == f"http://{name}:8123"
+
+
+GRANTS = ROOT / "deploy" / "clickhouse" / "grants.sql"
+
+
+def granted(user: str) -> set[str]:
+    """The privileges grants.sql gives `user` on database meridian."""
+    text = re.sub(r"--[^\n]*", "", GRANTS.read_text())
+    got: set[str] = set()
+    for m in re.finditer(r"GRANT (.+?) ON (\w+)\.\* TO (\w+);", text, re.DOTALL):
+        if m.group(3) == user:
+            assert m.group(2) == "meridian"
+            got |= {" ".join(p.split()) for p in m.group(1).split(",")}
+    return got
+
+
+def test_the_grants_are_what_the_agent_runs_and_the_reader_only_reads() -> None:
+    """Static (Debian's ClickHouse 18.16 has no GRANT; tests/deploy runs the agent
+    against users.d/meridian.xml): every kind of statement the agent runs is granted,
+    nothing more; the reader may only SELECT, with readonly = 1."""
+    needed = {"CREATE DATABASE", "INSERT", "SELECT"}  # database at start; batches; lookups
+    needed |= {"CREATE TABLE" for sql in statements() if sql.startswith("CREATE TABLE")}
+    needed |= {"ALTER ADD COLUMN" for _, _, sql in seed_names() if " ADD COLUMN " in sql}
+    needed |= {"ALTER MODIFY TTL", "ALTER MATERIALIZE TTL"}  # retention_days, applied
+    assert granted("meridian") == needed
+    assert granted("meridian_reader") == {"SELECT"}
+    text = GRANTS.read_text()
+    assert re.search(r"CREATE USER IF NOT EXISTS meridian_reader[^;]*SETTINGS readonly = 1;", text)
+    xml = (ROOT / "deploy" / "clickhouse" / "users.d" / "meridian.xml").read_text()
+    for placeholder in ("@MERIDIAN_PASSWORD_SHA256@", "@READER_PASSWORD_SHA256@"):
+        assert placeholder in text and placeholder in xml

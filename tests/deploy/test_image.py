@@ -1,7 +1,9 @@
 """The OCI image (`make image`, deploy/image/build.sh) on this kernel: `meridian io`
-and `meridian sentinel` run from it by podman, privileged in the host's PID and network
-namespaces as a fleet runs them, trace workloads on the host, and their /metrics (and
-their output on SIGTERM) carry the workloads' exact numbers.
+and `meridian sentinel` run from it by podman as their DaemonSets run them (not
+privileged: only the capabilities deploy/kubernetes gives each, the shipped seccomp
+profile, a read-only root, no new privileges) in the host's PID and network
+namespaces, trace workloads on the host, and their /metrics (and their output on
+SIGTERM) carry the workloads' exact numbers.
 
 podman runs them with runc and explicit ulimits (deploy/image/README.md): Debian 12's
 crun 1.8 refuses a host with hybrid cgroups ("cgroups in hybrid mode not supported"),
@@ -25,15 +27,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from children import patience, reap, wait_until
 from clickhouse_server import free_port
 from netns import netns_pair
 
 from meridian import __version__
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.deploy]
 
 IMAGE = os.environ.get("MERIDIAN_IMAGE", f"localhost/meridian:{__version__}")
+K8S = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+PROFILE = K8S / "seccomp" / "meridian.json"
+DAEMONSETS = {"io": "io-exporter.yaml", "sentinel": "sentinel.yaml"}
 
 # The workload: WRITES pwrites of WRITE_SIZE bytes, then READS preads of READ_SIZE
 # bytes (1 MiB in all) on a regular file, once the test says go.
@@ -53,20 +59,34 @@ sys.stdin.readline()  # exits when the test closes stdin
 """
 
 
-def podman_run(name: str) -> list[str]:
-    """`podman run` as a fleet host runs the agent: privileged (BPF, perf events), in
-    the host's PID namespace (its PIDs and /proc) and network (/metrics on the host's
-    loopback, its interfaces), with the kernel's BTF and tracefs mounted in."""
+def capabilities(tool: str) -> list[str]:
+    """The capabilities the tool's DaemonSet adds (it drops every other)."""
+    for doc in yaml.safe_load_all((K8S / DAEMONSETS[tool]).read_text()):
+        if doc and doc["kind"] == "DaemonSet":
+            (c,) = doc["spec"]["template"]["spec"]["containers"]
+            assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+            return list(c["securityContext"]["capabilities"]["add"])
+    raise AssertionError(f"no DaemonSet in {DAEMONSETS[tool]}")
+
+
+def podman_run(name: str, tool: str) -> list[str]:
+    """`podman run` as the tool's DaemonSet runs it: its capabilities only, the shipped
+    seccomp profile, a read-only root, no new privileges; in the host's PID namespace
+    (its PIDs and /proc) and network (/metrics on the host's loopback, its interfaces),
+    with the kernel's BTF and tracefs mounted in read-only."""
     _, nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
     _, nproc = resource.getrlimit(resource.RLIMIT_NPROC)
     nproc = min(nproc, 32768) if nproc != resource.RLIM_INFINITY else 32768
     runtime = ["--runtime", "runc"] if shutil.which("runc") else []
+    caps = [f"--cap-add={c}" for c in capabilities(tool)]
     return [
         "podman", *runtime, "run", "--rm", "--replace", "--name", name,
-        "--privileged", "--pid=host", "--network=host",
+        "--cap-drop=ALL", *caps, f"--security-opt=seccomp={PROFILE}",
+        "--security-opt=no-new-privileges", "--read-only", "--user=0",
+        "--pid=host", "--network=host",
         "--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}",
         "-v", "/sys/kernel/btf:/sys/kernel/btf:ro",
-        "-v", "/sys/kernel/tracing:/sys/kernel/tracing",
+        "-v", "/sys/kernel/tracing:/sys/kernel/tracing:ro",
     ]  # fmt: skip
 
 
@@ -108,7 +128,10 @@ def container(image: str, tmp: Path, *args: str) -> Iterator[Container]:
     out, err = tmp / f"{args[0]}.out", tmp / f"{args[0]}.err"
     with open(out, "w") as out_file, open(err, "w") as err_file:
         proc = subprocess.Popen(
-            [*podman_run(name), image, *args], stdout=out_file, stderr=err_file, text=True
+            [*podman_run(name, args[0]), image, *args],
+            stdout=out_file,
+            stderr=err_file,
+            text=True,
         )
     try:
         wait_until(
@@ -123,13 +146,13 @@ def container(image: str, tmp: Path, *args: str) -> Iterator[Container]:
         reap(proc)
 
 
-def scrape(port: int) -> list[Any]:
+def scrape(port: int, host: str = "127.0.0.1") -> list[Any]:
     """The samples of /metrics ([] while it does not answer), OpenMetrics (sentinel)
     or the Prometheus text format (io), as the server chose."""
     from prometheus_client import parser as text_parser
     from prometheus_client.openmetrics import parser as om_parser
 
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
+    req = urllib.request.Request(f"http://{host}:{port}/metrics")
     req.add_header("Accept", "application/openmetrics-text; version=1.0.0; charset=utf-8")
     try:
         with urllib.request.urlopen(req, timeout=5) as r:
