@@ -470,7 +470,7 @@ def test_sentinel_stores_named_frames_of_contained_and_deleted_programs(
     port = free_port()
     argv = replace_flag(unit(SENTINEL).exec_start()[1:], "--config", str(run_dir / "sentinel.yaml"))
     svc = Service(SENTINEL, replace_flag(argv, "--metrics-port", str(port)), tmp_path / "journal")
-    store = HttpBackend(clickhouse.url, "writer", str(password))
+    store = HttpBackend(clickhouse.url, "writer", str(password), config["clickhouse"]["database"])
     spinners: subprocess.Popen[bytes] | None = None
 
     def named() -> set[tuple[str, str]]:

@@ -145,7 +145,7 @@ def test_the_installed_wheel_runs_doctor_and_io_without_a_tool_chain(
     assert Path(finished(where).strip()).is_relative_to(host_venv)
 
     doctor = finished(on_host(host_venv, ["meridian", "doctor"], tmp_path))
-    strategies = doctor[doctor.index("\nstrategies\n") :]
+    strategies = doctor[doctor.index("\nstrategies") :]
     assert re.search(r"^  io +\w", strategies, re.M), doctor
     assert "ready: the tools can run here" in doctor, doctor
 
