@@ -44,7 +44,7 @@ int BPF_PROG(on_enter, struct pt_regs *regs, long id)
 	r->pid = pid_tgid >> 32;
 	r->tid = (__u32)pid_tgid;
 	r->arg = id;
-	ringbuf_submit_lazy(&events, r, wakeup_bytes);
+	ringbuf_submit_lazy(&events, r, wakeup_bytes, r->seq);
 	return 0;
 }
 

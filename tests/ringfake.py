@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 BUSY, DISCARD = 1 << 31, 1 << 30
+DATA_PG = 3
 
 
 class FakeRing:
@@ -38,6 +39,11 @@ class FakeRing:
         self.mem[base + off : base + off + len(data)] = data
         self.mem[base + self.size + off : base + self.size + off + len(data)] = data
 
+    def pg_off(self, pos: int) -> int:
+        """The header's page as the kernel counts it, from its ring struct (whose data
+        area starts at page 3 in 6.x)."""
+        return DATA_PG + (pos % self.size) // self.page
+
     def consumer(self) -> int:
         return int(struct.unpack_from("<Q", self.mem, 0)[0])
 
@@ -47,7 +53,7 @@ class FakeRing:
     def write(self, payload: bytes, flags: int = 0, fast: bool = False) -> int:
         """Append one record (header + payload, padded to 8); returns its position."""
         pos = self.prod
-        rec = struct.pack("<II", len(payload) | flags, 0) + payload
+        rec = struct.pack("<II", len(payload) | flags, self.pg_off(pos)) + payload
         rec += bytes(-len(rec) % 8)
         (self.put_fast if fast else self._put)(pos, rec)
         self.prod += len(rec)
@@ -61,14 +67,15 @@ class FakeRing:
             len(records),
             dtype=np.dtype(
                 {
-                    "names": ["len", "rec"],
-                    "formats": ["<u4", records.dtype],
-                    "offsets": [0, 8],
+                    "names": ["len", "pg", "rec"],
+                    "formats": ["<u4", "<u4", records.dtype],
+                    "offsets": [0, 4, 8],
                     "itemsize": stride,
                 }
             ),
         )
         framed["len"] = records.dtype.itemsize
+        framed["pg"] = [self.pg_off(self.prod + i * stride) for i in range(len(records))]
         framed["rec"] = records
         self.put_fast(self.prod, framed.tobytes())
         self.prod += stride * len(records)

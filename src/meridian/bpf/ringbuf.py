@@ -190,15 +190,26 @@ class RingBuffer:
         """For variable-size records: every committed record as the ring holds them
         (each an 8-byte header `len`, `pg_off`, then the data padded to 8 bytes;
         discarded ones included, flagged in `len`), copied out in one piece, and the
-        number of records. Stops at the first busy record. Only the headers are read
-        one by one; the data is copied once (in two pieces where it wraps)."""
+        number of records. Stops at the first busy record. The headers are found with
+        numpy (`_chain`); the data is copied once (in two pieces where it wraps)."""
         if self.closed:
             return b"", 0
         cons = self._consumer()
         prod = self._producer()
         if prod - cons > self.size:  # cannot happen: the kernel never overruns us
             prod = cons + self.size
-        # Headers read as u32 words (the hot loop at a million records a second).
+        found = self._chain(cons, prod)
+        pos, n = found if found is not None else self._walk_headers(cons, prod)
+        if pos == cons:
+            return b"", 0
+        start = self.page + (cons & self.mask)
+        out = self._bytes(start, pos - cons)
+        self._advance(pos)
+        return out, n
+
+    def _walk_headers(self, cons: int, prod: int) -> tuple[int, int]:
+        """Where the first busy record starts (or `prod`) and how many records come
+        before it, header by header: the fallback of `_chain`, ~0.5 us a record."""
         words, page, mask, length = self._words, self.page, self.mask, ~(BUSY | DISCARD)
         pos, n = cons, 0
         while pos < prod:
@@ -207,12 +218,66 @@ class RingBuffer:
                 break
             pos += ((hdr & length) + HDR_SIZE + 7) & ~7
             n += 1
-        if pos == cons:
-            return b"", 0
-        start = page + (cons & mask)
-        out = self._bytes(start, pos - cons)
-        self._advance(pos)
-        return out, n
+        return pos, n
+
+    def _chain(self, cons: int, prod: int) -> tuple[int, int] | None:
+        """`_walk_headers` with numpy, ~5x faster: a full-speed syscall loop writes
+        over a million records a second, more than the walk keeps up with. Every
+        header holds `pg_off`, the page it sits in counted from the kernel's ring
+        struct (kernel/bpf/ringbuf.c), so the 8-byte slots whose second word is their
+        own page are the candidate headers; the records are the chain of them that
+        starts at `cons` and ends at `prod`, each leading to the next (the chain from
+        `cons` is the records: each hop checked proves it). Payload that looks like a
+        header (an fd or a pid equal to the page number) is not on it. None when the
+        chain does not hold (the caller walks)."""
+        if prod <= cons:
+            return cons, 0
+        page, at, left = self.page, cons & self.mask, prod - cons
+        base = int(self._words[((page + at) >> 2) + 1]) - at // page  # pg_off of page 0
+        starts, heads = [], []
+        while left > 0:  # the span, in one piece or two (across the end)
+            span = min(left, self.size - at)
+            lo, hi = at // page, (at + span + page - 1) // page  # whole pages
+            slots = np.frombuffer(self._data, "<u4", (hi - lo) * page // 4, page * (1 + lo))
+            pairs = slots.reshape(hi - lo, page // 8, 2)
+            own = pairs[:, :, 1] == np.arange(base + lo, base + hi, dtype=np.uint32)[:, None]
+            slot = np.flatnonzero(own)
+            off = lo * page + slot * 8
+            inside = (off >= at) & (off < at + span)
+            starts.append(cons + (prod - cons - left) + (off[inside] - at))
+            heads.append(slots[2 * slot[inside]])
+            at, left = 0, left - span
+        pos = np.concatenate(starts)
+        hdr = np.concatenate(heads).astype(np.int64)
+        nxt = pos + (((hdr & ~(BUSY | DISCARD)) + HDR_SIZE + 7) & ~7)
+        records = self._follow(pos, nxt, prod)
+        if records is None:
+            return None
+        pos, hdr = pos[records], hdr[records]
+        busy = np.flatnonzero(hdr & BUSY)
+        n = int(busy[0]) if len(busy) else len(pos)
+        return (int(pos[n]) if n < len(pos) else prod), n
+
+    @staticmethod
+    def _follow(pos: np.ndarray[Any, Any], nxt: np.ndarray[Any, Any], prod: int) -> Any:
+        """The candidates on the chain from the first (at `cons`) to `prod`, by index:
+        runs of candidates that each lead to the next, and a lookup to jump over
+        payload that looked like a header where one does not. None if a record leads
+        to no candidate (the chain does not hold)."""
+        wrong = np.flatnonzero(nxt[:-1] != pos[1:])  # hop k -> k+1 does not hold
+        if not len(wrong):
+            return slice(None) if nxt[-1] == prod else None
+        runs, k = [], 0
+        while True:
+            at = int(np.searchsorted(wrong, k))
+            end = int(wrong[at]) if at < len(wrong) else len(pos) - 1
+            runs.append(np.arange(k, end + 1))
+            target = int(nxt[end])
+            if target == prod:
+                return np.concatenate(runs)
+            k = int(np.searchsorted(pos, target))
+            if end == len(pos) - 1 or k >= len(pos) or pos[k] != target:
+                return None
 
     def _advance(self, pos: int) -> None:
         self._cons_pos[0] = pos
