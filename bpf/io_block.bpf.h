@@ -5,8 +5,12 @@
 
 /* ---- disk signals (every strategy) ------------------------------------------------- */
 
-SEC("tracepoint/filemap/mm_filemap_add_to_page_cache")
-int tp_page_added(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
+#define REQ_OP_BITS_MASK 0xff
+
+/* Pages [index, index + 2^order) of inode `ino` on `dev` entered the page cache: read
+ * from the disk for the operation in flight on this thread (or for the readahead past
+ * it). The tracepoint and the tp_btf program below call it with the same values. */
+static __always_inline void page_added(__u64 ino, __u32 dev, __u64 index, __u32 order)
 {
 	struct fileio_inflight *st = busy_slot((__u32)bpf_get_current_pid_tgid());
 	struct ahead_key k = {};
@@ -14,17 +18,17 @@ int tp_page_added(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 	__u64 n, a, b, s, e, own;
 
 	if (!st)
-		return 0;
-	n = 1ULL << (ctx->order & 31);
-	if (st->pair && ctx->i_ino == st->ino2 && ctx->s_dev == st->dev2)
-		return 0;	/* the copy's target: pages it dirties, no disk I/O */
-	if (st->op != IO_OP_READ || ctx->i_ino != st->ino || ctx->s_dev != st->dev) {
+		return;
+	n = 1ULL << (order & 31);
+	if (st->pair && ino == st->ino2 && dev == st->dev2)
+		return;		/* the copy's target: pages it dirties, no disk I/O */
+	if (st->op != IO_OP_READ || ino != st->ino || dev != st->dev) {
 		st->pages += n;		/* metadata, or another file: this operation's disk I/O */
-		return 0;
+		return;
 	}
 	/* The part of [a, b) inside the operation's own range is its own; the rest is
 	 * readahead for the reads that follow. */
-	a = ctx->index;
+	a = index;
 	b = a + n;
 	s = st->pos / PAGE_SIZE_BYTES;
 	e = (st->pos + st->bytes_requested + PAGE_SIZE_BYTES - 1) / PAGE_SIZE_BYTES;
@@ -33,11 +37,11 @@ int tp_page_added(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 		own = (b < e ? b : e) - (a > s ? a : s);
 	st->pages += own;
 	if (own == n)
-		return 0;
+		return;
 	if (a < e)
 		a = e;		/* only what lies past the read's range is credited */
 	if (a >= b)
-		return 0;
+		return;
 	k.ino = st->ino;
 	k.dev = st->dev;
 	r = bpf_map_lookup_elem(&ahead, &k);
@@ -46,28 +50,86 @@ int tp_page_added(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 			r->lo = a;
 		if (b > r->hi)
 			r->hi = b;
-		return 0;
+		return;
 	}
 	nr.lo = a;
 	nr.hi = b;
 	if (!r)
 		__sync_fetch_and_add(&ahead_live, 1);
 	bpf_map_update_elem(&ahead, &k, &nr, BPF_ANY);
+}
+
+/* A bio of `bytes` was queued by the operation in flight on this thread. */
+static __always_inline void bio_queued(__u64 bytes, bool write)
+{
+	struct fileio_inflight *st = busy_slot((__u32)bpf_get_current_pid_tgid());
+
+	if (st) {
+		st->bio_bytes += bytes;
+		if (write)
+			st->wbio_bytes += bytes;
+	}
+}
+
+/* The tracepoints: what the tracepoint and kprobe strategies load (tracefs). */
+SEC("tracepoint/filemap/mm_filemap_add_to_page_cache")
+int tp_page_added(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
+{
+	page_added(ctx->i_ino, ctx->s_dev, ctx->index, ctx->order);
 	return 0;
 }
 
 SEC("tracepoint/block/block_bio_queue")
 int tp_bio_queue(struct trace_event_raw_block_bio *ctx)
 {
-	struct fileio_inflight *st = busy_slot((__u32)bpf_get_current_pid_tgid());
+	/* rwbs "W..", "FW..": a write, with a preflush or not */
+	bio_queued((__u64)ctx->nr_sector << 9, ctx->rwbs[0] == 'W' || ctx->rwbs[1] == 'W');
+	return 0;
+}
 
-	if (st) {
-		__u64 n = (__u64)ctx->nr_sector << 9;
+/* The same hooks as raw tracepoints with BTF (tp_btf and fentry strategies): no
+ * tracefs, so they run in a pod without it. They compute what the tracepoints record
+ * (include/trace/events/filemap.h, block.h) from the folio and the bio. */
 
-		st->bio_bytes += n;
-		if (ctx->rwbs[0] == 'W' || ctx->rwbs[1] == 'W')	/* "W..", "FW.." */
-			st->wbio_bytes += n;
-	}
+/* 6.1-6.7 keep a large folio's order in _folio_order; 6.8+ in _flags_1's low byte. */
+struct folio___61 {
+	unsigned char _folio_order;
+} __attribute__((preserve_access_index));
+
+static __always_inline __u32 folio_order_of(struct folio *folio)
+{
+	unsigned long flags = 0;
+
+	/* folio->flags: an unsigned long before 6.18, memdesc_flags_t since; first either way */
+	bpf_probe_read_kernel(&flags, sizeof(flags), folio);
+	if (!(flags & (1UL << bpf_core_enum_value(enum pageflags, PG_head))))
+		return 0;
+	if (bpf_core_field_exists(((struct folio___61 *)folio)->_folio_order))
+		return BPF_CORE_READ((struct folio___61 *)folio, _folio_order);
+	return BPF_CORE_READ(folio, _flags_1) & 0xff;
+}
+
+SEC("tp_btf/mm_filemap_add_to_page_cache")
+int BPF_PROG(btf_page_added, struct folio *folio)
+{
+	struct inode *host = BPF_CORE_READ(folio, mapping, host);
+	struct super_block *sb = BPF_CORE_READ(host, i_sb);
+	__u32 dev = sb ? BPF_CORE_READ(sb, s_dev) : BPF_CORE_READ(host, i_rdev);
+
+	page_added(BPF_CORE_READ(host, i_ino), dev, BPF_CORE_READ(folio, index),
+		   folio_order_of(folio));
+	return 0;
+}
+
+#define REQ_OP_WRITE_VALUE 1	/* REQ_OP_WRITE: rwbs 'W' (blk_fill_rwbs) */
+
+SEC("tp_btf/block_bio_queue")
+int BPF_PROG(btf_bio_queue, struct bio *bio)
+{
+	__u32 opf = BPF_CORE_READ(bio, bi_opf);
+
+	bio_queued(BPF_CORE_READ(bio, bi_iter.bi_size),
+		   (opf & REQ_OP_BITS_MASK) == REQ_OP_WRITE_VALUE);
 	return 0;
 }
 
@@ -108,8 +170,6 @@ int BPF_PROG(tp_rq_issue, struct request *rq)
 		o->issue_ns = bpf_ktime_get_ns();	/* again after a requeue */
 	return 0;
 }
-
-#define REQ_OP_BITS_MASK 0xff
 
 /* A request (or part of it: nr_bytes) completed. The request counts once, when its
  * last bytes complete; its latency is from the (last) issue to that completion. */

@@ -173,11 +173,11 @@ def test_kprobe_strategy_passes_the_verifier() -> None:
     """kprobes cannot attach on this kernel, but their programs load: the verifier
     accepts the kprobe path (ksyscall wrappers, real fds) as it is shipped."""
     from meridian.bpf import BpfObject, object_path
-    from meridian.tools.io.kernel import SIGNALS, STRATEGIES
+    from meridian.tools.io.kernel import STRATEGIES, signals
 
     kprobe = next(s for s in STRATEGIES if s.name == "kprobe")
     with BpfObject(object_path("io")) as obj:
-        obj.select([*kprobe.programs, *SIGNALS])
+        obj.select([*kprobe.programs, *signals(kprobe)])
         obj.load()
 
 

@@ -65,35 +65,32 @@ def test_only_tracepoints_and_legacy_kprobes_need_tracefs(
     assert Strategy("x", (), ("tp_btf", "tracepoint")).needs_tracefs is True
 
 
-def _tool_strategies() -> dict[str, tuple[tuple[Strategy, ...], tuple[str, ...]]]:
-    """Each tool's strategies, and the programs every strategy of it loads besides its
-    own (io's disk signals)."""
+def _tool_strategies() -> dict[str, list[tuple[Strategy, tuple[str, ...]]]]:
+    """Each tool's strategies, each with every program it loads (io's with the disk
+    signals it adds)."""
     from meridian.tools import biolat, io, memlat, runqlat, sentinel, syscalls
-    from meridian.tools.io.kernel import SIGNALS
+    from meridian.tools.io.kernel import signals
 
-    return {
-        "biolat": (biolat.STRATEGIES, ()),
-        "io": (io.STRATEGIES, SIGNALS),
-        "memlat": (memlat.STRATEGIES, ()),
-        "runqlat": (runqlat.STRATEGIES, ()),
-        "sentinel": (sentinel.STRATEGIES, ()),
-        "syscalls": (syscalls.STRATEGIES, ()),
-    }
+    tools = {"biolat": biolat, "memlat": memlat, "runqlat": runqlat}
+    tools |= {"sentinel": sentinel, "syscalls": syscalls}
+    out = {name: [(s, s.programs) for s in t.STRATEGIES] for name, t in tools.items()}
+    out["io"] = [(s, (*s.programs, *signals(s))) for s in io.STRATEGIES]
+    return out
 
 
 @pytest.mark.parametrize("tool", sorted(_tool_strategies()))
 def test_each_strategy_declares_the_features_of_its_programs(tool: str) -> None:
     """A strategy needs tracefs by its declared features: every tracepoint/ or kprobe
     program it loads must be declared, or a container without tracefs would choose it
-    and fail at attach (io's disk signals are tracepoints under every strategy)."""
+    and fail at attach (io's disk signals are tracepoints under its tracepoint
+    strategy only)."""
     if not object_path(tool).exists():
         pytest.skip("BPF objects not built (make bpf)")
-    strategies, shared = _tool_strategies()[tool]
     kinds = {"tracepoint": "tracepoint", "tp": "tracepoint", "kprobe": "kprobe"}
     kinds |= {"kretprobe": "kprobe", "ksyscall": "kprobe", "kretsyscall": "kprobe"}
     with BpfObject(object_path(tool)) as obj:
-        for s in strategies:
-            sections = [obj.programs[p].section for p in (*s.programs, *shared)]
+        for s, programs in _tool_strategies()[tool]:
+            sections = [obj.programs[p].section for p in programs]
             used = {kinds[sec.split("/")[0]] for sec in sections if sec.split("/")[0] in kinds}
             assert used <= set(s.needs), (tool, s.name, used)
 
@@ -331,13 +328,31 @@ def test_where_tracefs_cannot_be_mounted_tp_btf_runs_and_tracepoint_says_why(
 
 
 @pytest.mark.kernel
-def test_io_needs_tracefs_under_every_strategy(tmp_path: Path) -> None:
-    """io's disk signals (page-cache insertions, bios) are tracepoint/ programs under
-    every strategy, tp_btf's too: without tracefs io refuses them all in one line."""
-    r = without_tracefs(tmp_path, "io", "--duration", "2", can_mount=False)
-    p = subprocess.CompletedProcess([], r.returncode, r.stdout, r.stderr)
-    one_line_exit_2(p, "tp_btf, tracepoint need tracefs at /sys/kernel/tracing")
-    assert FIX in r.stderr
+def test_io_tp_btf_counts_disk_bytes_without_tracefs(tmp_path: Path) -> None:
+    """io's disk signals are raw tracepoints under tp_btf: without tracefs and without
+    CAP_SYS_ADMIN (a pod), every 256 KiB O_DIRECT write is 256 KiB of bios, and every
+    cat of the file after it (no page cached) reads 256 KiB from the disk."""
+    target = tmp_path / "cold.bin"
+    loop = (
+        f"while :; do dd if=/dev/zero of={target} bs=64k count=4 oflag=direct status=none;"
+        f" cat {target}; sleep 0.05; done"
+    )
+    r = without_tracefs(
+        tmp_path, "io", "--strategy", "tp_btf", "--no-events", "--duration", "3",
+        can_mount=False, workload=loop,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    sums = [row for row in rows if row["type"] == "summary"]
+    reads = [row["read"] for row in sums if row["comm"] == "cat" and "read" in row]
+    writes = [row["write"] for row in sums if row["comm"] == "dd" and "write" in row]
+    whole = 256 << 10
+    full_reads = [x for x in reads if x["bytes"] >= whole]  # the file, and ld.so's (cached)
+    full_writes = [x for x in writes if x["bytes"] == whole]
+    assert len(full_reads) >= 3 and len(full_writes) >= 3, sums
+    assert {x["disk_bytes"] for x in full_reads} == {whole}, full_reads
+    assert {x["disk_bytes"] for x in full_writes} == {whole}, full_writes
+    assert r.tracefs_after == ""
 
 
 @pytest.mark.kernel
@@ -350,7 +365,7 @@ def test_doctor_without_tracefs_says_what_still_runs(tmp_path: Path) -> None:
     assert j["features"]["tracepoint"]["ok"] is False
     assert j["features"]["tracepoint"]["detail"] == features.NOT_MOUNTABLE
     assert j["strategies"]["biolat"] == "tp_btf" and j["strategies"]["runqlat"] == "tp_btf"
-    assert j["strategies"]["io"].startswith("none (") and "need tracefs" in j["strategies"]["io"]
+    assert j["strategies"]["io"] == "tp_btf"
     needs = {s["name"]: s["needs_tracefs"] for s in j["strategy_needs"]["biolat"]}
     assert needs == {"tp_btf": False, "tracepoint": True}
     text = without_tracefs(tmp_path, "doctor", can_mount=False).stdout.splitlines()

@@ -23,37 +23,44 @@ from .options import Options
 from .pid_table import ProcessAlive
 from .stats_cache import CACHE_WAYS, entry_keys, exited, live, merge
 
-__all__ = ["BLOCK", "SIGNALS", "STRATEGIES", "SYSCALLS", "WRITEBACK", "FileIO"]
+__all__ = ["BLOCK", "STRATEGIES", "SYSCALLS", "WRITEBACK", "FileIO", "signals"]
 
 SYSCALLS: tuple[str, ...] = ("read", "pread64", "readv", "preadv", "preadv2")
 SYSCALLS += ("write", "pwrite64", "writev", "pwritev", "pwritev2")
 SYSCALLS += ("sendfile64", "copy_file_range")  # a read of the source, a write of the target
-# What every strategy needs for the disk signals (SIGNALS): page-cache insertions and
-# bios are tracepoint/ programs, so each strategy needs tracefs.
-SIGNALS_NEED = ("tracepoint", "tp_btf")
+# The disk signals (page-cache insertions, bios, the I/O wait) each strategy loads: as
+# raw tracepoints with BTF, or for the tracepoint strategy as tracepoints, which read
+# tracefs. The I/O wait is tp_btf/sched_switch in both.
+BTF_SIGNALS = ("btf_page_added", "btf_bio_queue", "tp_sched_switch")
+TRACEPOINT_SIGNALS = ("tp_page_added", "tp_bio_queue", "tp_sched_switch")
 STRATEGIES = (
     Strategy(
         "fentry",
         tuple(f"{k}_{s}" for s in SYSCALLS for k in ("fentry", "fexit")),  # each syscall's own
-        ("fentry", *SIGNALS_NEED),
+        ("fentry", "tp_btf"),
     ),
     Strategy(
         "kprobe",
         tuple(f"{k}_{s}" for s in SYSCALLS for k in ("ks", "kr")),
-        ("kprobe", *SIGNALS_NEED),
+        ("kprobe", "tp_btf"),
     ),
     # Raw syscalls before the syscalls: tracepoints. Both put every syscall of every
     # task on the traced slow path, but the tracepoints then copy the arguments into a
     # perf record before the program runs (io_bench.py: 0.60 against 0.50 here).
-    Strategy("tp_btf", ("raw_enter", "raw_exit"), SIGNALS_NEED),
+    Strategy("tp_btf", ("raw_enter", "raw_exit"), ("tp_btf",)),
     Strategy(
         "tracepoint",
         tuple(f"tp_{d}_{s}" for s in SYSCALLS for d in ("enter", "exit")),
-        SIGNALS_NEED,  # the I/O-wait signal is tp_btf/sched_switch
+        ("tracepoint", "tp_btf"),
     ),
 )
-# Disk signals, shared by every strategy.
-SIGNALS = ("tp_page_added", "tp_bio_queue", "tp_sched_switch")
+
+
+def signals(strategy: Strategy) -> tuple[str, ...]:
+    """The disk-signal programs `strategy` loads beside its own."""
+    return TRACEPOINT_SIGNALS if strategy.name == "tracepoint" else BTF_SIGNALS
+
+
 # Block requests by submitting process and their device latency (block_io_start: 6.5+).
 BLOCK = ("tp_io_start", "tp_rq_issue", "tp_rq_complete")
 # Who dirtied each inode's pages, so its writeback is charged to it (io_writeback.bpf.h).
@@ -81,10 +88,11 @@ class FileIO(Session):
         """The strategy's programs whose hooks this kernel has, plus the disk signals."""
         progs = [p for p in self.strategy.programs if hook_exists(obj.programs[p].section)]
         block = [p for p in BLOCK if hook_exists(obj.programs[p].section)]
+        disk = list(signals(self.strategy))
         if len(block) != len(BLOCK):
-            return progs + list(SIGNALS)
+            return progs + disk
         wb = [p for p in WRITEBACK if hook_exists(obj.programs[p].section)]
-        return progs + list(SIGNALS) + block + (wb if len(wb) == len(WRITEBACK) else [])
+        return progs + disk + block + (wb if len(wb) == len(WRITEBACK) else [])
 
     def setup(self, obj: BpfObject) -> None:
         o = self.opts
