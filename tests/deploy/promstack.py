@@ -118,6 +118,25 @@ def derived(
     return config
 
 
+def held_rules(directory: Path, config: dict[str, Any], hold: dict[str, str]) -> None:
+    """Point `config` at copies of its rules files in `directory` where each alert named
+    in `hold` waits that long (`for:`) instead of the shipped 10 minutes; expressions,
+    thresholds and labels stay as shipped. An alert can then fire within a test."""
+    directory.mkdir(parents=True, exist_ok=True)
+    found, files = set(), []
+    for name in config["rule_files"]:
+        rules = yaml.safe_load(Path(name).read_text())
+        for group in rules["groups"]:
+            for rule in group["rules"]:
+                if rule.get("alert") in hold:
+                    rule["for"] = hold[rule["alert"]]
+                    found.add(rule["alert"])
+        files.append(str(directory / Path(name).name))
+        Path(files[-1]).write_text(yaml.safe_dump(rules, sort_keys=False))
+    assert found == set(hold), f"alerts not in the rules files: {set(hold) - found}"
+    config["rule_files"] = files
+
+
 @contextlib.contextmanager
 def running(root: Path, config: dict[str, Any], hosts: list[str]) -> Iterator[Prometheus]:
     """Prometheus on a free loopback port with this configuration, the systemd jobs'
