@@ -106,6 +106,26 @@ class Clock:
         return self.now
 
 
+class IpResolver:
+    """An aggregator's resolver without symbols: function id = ip >> 8, no stacks or
+    data objects; the function ids in `idle` are the kernel's idle code."""
+
+    def __init__(self, idle: frozenset[int]) -> None:
+        self.idle = idle
+
+    def function_id(self, pid: int, ip: int) -> int:
+        return ip >> 8
+
+    def callstack_id(self, pid: int, user: int, kernel: int, ip: int) -> int:
+        return 0
+
+    def data_object_id(self, pid: int, addr: int) -> int:
+        return 0
+
+    def idle_function_ids(self) -> frozenset[int]:
+        return self.idle
+
+
 class FakeProc:
     """A /proc tree with processes whose maps and stat the test writes."""
 

@@ -335,6 +335,29 @@ FAULTER = (
 )
 
 
+@contextlib.contextmanager
+def panel_workload(
+    ext4: Path, log: TextIO, netns: str
+) -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[str]]]:
+    """What the panels show, running until the block ends: an iperf3 stream between two
+    network namespaces (sentinel's flows), the file workload on `ext4` (io's files:
+    buffered writes, cached reads, fsyncs; its waits for runqlat), and the FAULTER
+    (memlat's process, driven by burst())."""
+    with contextlib.ExitStack() as stack:
+        pair = stack.enter_context(netns_pair(netns))
+        pair.iperf3_start(300, bitrate="20M")
+        file_io = ["meridian.workloads", "file-io", "--dir", str(ext4), "--seconds", "300"]
+        workload = stack.enter_context(started([sys.executable, "-m", *file_io], log))
+        faulter = subprocess.Popen(
+            [sys.executable, "-c", FAULTER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        stack.callback(reap, faulter)
+        yield workload, faulter
+
+
 def burst(mnt: Path, faulter: subprocess.Popen[str]) -> None:
     """O_DIRECT writes and reads on the loop device's file system (block requests for
     biolat, disk operations for io), page faults of the faulter, major ones on the
@@ -373,18 +396,7 @@ def test_every_panel_query_has_data_from_the_running_tools(
         def log(name: str) -> TextIO:
             return stack.enter_context(open(logs / f"{name}.log", "w"))
 
-        pair = stack.enter_context(netns_pair("g"))
-        pair.iperf3_start(300, bitrate="20M")  # sentinel's flows; ended with the namespaces
-        # io's files: buffered writes, cached reads, fsyncs; its waits for runqlat -P -p
-        file_io = ["meridian.workloads", "file-io", "--dir", str(ext4), "--seconds", "300"]
-        workload = stack.enter_context(started([sys.executable, "-m", *file_io], log("workload")))
-        faulter = subprocess.Popen(
-            [sys.executable, "-c", FAULTER],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        stack.callback(reap, faulter)
+        workload, faulter = stack.enter_context(panel_workload(ext4, log("workload"), "g"))
         # memlat and runqlat per process (-P) for one process each (-p): the labels the
         # per-process panels and rules read, at a scrape of a few kB
         commands = {

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from symbolizer_fakes import IpResolver
 from test_sentinel_modes import Clock
 
 from meridian.tools.sentinel.agent.flush import Flusher
@@ -23,25 +24,9 @@ from meridian.tools.sentinel.sources.mock import MockSource, make_samples
 SEC = 1_000_000_000
 WINDOW_NS = SEC // 2  # windows of 0.5 s: a rate is twice a window's count
 BUDGET = 1000  # sentinel samples/s per CPU (the default), one CPU
-IDLE_FN = 7  # the function id of the kernel's idle code, for Resolver
+IDLE_FN = 7  # the function id of the kernel's idle code (function id = ip >> 8)
 BUSY_FN = 9
 FLOW = 0x1234
-
-
-class Resolver:
-    """function id = ip >> 8; IDLE_FN is the kernel's idle code."""
-
-    def function_id(self, pid: int, ip: int) -> int:
-        return ip >> 8
-
-    def callstack_id(self, pid: int, user: int, kernel: int, ip: int) -> int:
-        return 0
-
-    def data_object_id(self, pid: int, addr: int) -> int:
-        return 0
-
-    def idle_function_ids(self) -> frozenset[int]:
-        return frozenset({IDLE_FN})
 
 
 def samples(n: int, ip: int, time_ns: int) -> Any:
@@ -58,7 +43,7 @@ class Windows:
     def __init__(self, cfg: SentinelConfig) -> None:
         self.clock = Clock()
         self.rt = Runtime(cfg, MockSource(cpus=1), clock=self.clock, cpus=[0], log=lambda _: None)
-        self.agg = Aggregator(cfg.aggregator.time_window_ns, Resolver())
+        self.agg = Aggregator(cfg.aggregator.time_window_ns, IpResolver(frozenset({IDLE_FN})))
         self.dropped = {"token_bucket": 0, "hard_drop": 0, "ring_full": 0}
         rt = self.rt
         self.flusher = Flusher(

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from children import wait_until
-from symbolizer_fakes import PID, Binary, Clock, FakeProc, maps_lines, symbolizer
+from symbolizer_fakes import PID, Binary, Clock, FakeProc, IpResolver, maps_lines, symbolizer
 
 from meridian.tools.sentinel.agent.runtime import Runtime
 from meridian.tools.sentinel.config.load import SentinelConfig
@@ -262,20 +262,7 @@ def test_idle_is_charged_to_no_flow(fake: FakeProc, clock: Clock, tmp_path: Path
 
 
 def test_the_aggregator_keys_idle_samples_to_no_flow() -> None:
-    class Resolver:
-        def function_id(self, pid: int, ip: int) -> int:
-            return ip >> 8
-
-        def callstack_id(self, pid: int, user: int, kernel: int, ip: int) -> int:
-            return 0
-
-        def data_object_id(self, pid: int, addr: int) -> int:
-            return 0
-
-        def idle_function_ids(self) -> frozenset[int]:
-            return frozenset({7})
-
-    agg = Aggregator(10**9, Resolver())
+    agg = Aggregator(10**9, IpResolver(frozenset({7})))
     agg.add(np.concatenate([samples(3, 7 << 8, pid=0), samples(2, 9 << 8, pid=0)]))
     got = {(r.flow_id, r.direction, r.function_id): r.samples for r in agg.flush()}
     assert got == {(0, IDLE, 7): 3, (FLOW.flow_id, RX, 9): 2}

@@ -196,16 +196,22 @@ def test_a_batch_stored_in_part_counts_its_missing_rows_dropped(tmp_path: Path) 
     assert any("stored in part (15 of 30 rows)" in line for line in reporter.lines)
 
 
+def put_each(spool: Spool, batches: list[tuple[BatchInfo, bytes]]) -> list[int]:
+    """Each batch into the spool (each taken); the bytes each one added."""
+    sizes = []
+    for info, payload in batches:
+        before = spool.bytes
+        assert spool.put(info, payload)
+        sizes.append(spool.bytes - before)
+    return sizes
+
+
 def test_the_spool_counts_follow_its_files_as_batches_leave(tmp_path: Path) -> None:
     """Its bytes and rows are those of the batches it holds, after a batch leaves as
     after one arrives; a batch stored leaves no file behind (a restart would send it
     again); one drain sends every batch a store that answers takes."""
     spool = Spool(tmp_path, 1 << 20)
-    sizes = []
-    for i in range(3):
-        before = spool.bytes
-        assert spool.put(*batch(ROLLUP, 60 + i, 10 + i, first=100 * i))
-        sizes.append(spool.bytes - before)
+    sizes = put_each(spool, [batch(ROLLUP, 60 + i, 10 + i, first=100 * i) for i in range(3)])
     got = spool.peek()
     assert got is not None
     spool.pop(got[0])
@@ -275,11 +281,7 @@ def test_a_reopened_spool_counts_what_its_files_hold_and_sets_the_unreadable_asi
     .tmp removed, neither stopping the scan; a new batch takes a number after every
     file's, so no batch left is overwritten."""
     first = Spool(tmp_path, 1 << 20)
-    sizes = []
-    for i in range(3):
-        before = first.bytes
-        assert first.put(*batch(FLOWS, 90 + i, 4 + i, first=10 * i))
-        sizes.append(first.bytes - before)
+    sizes = put_each(first, [batch(FLOWS, 90 + i, 4 + i, first=10 * i) for i in range(3)])
     first.close()
     files = sorted(tmp_path.glob("*.batch"))
     files[1].write_bytes(b"not a header\n")  # unreadable, between two good ones
