@@ -27,6 +27,7 @@
 #define S_IFMT 0170000
 #define S_IFREG 0100000
 #define PAGE_SIZE_BYTES 4096
+#define MAX_RW_COUNT (0x7fffffff & ~(PAGE_SIZE_BYTES - 1))	/* include/linux/fs.h */
 
 const volatile bool filter_pid = false;		/* only PIDs in `pids` */
 const volatile bool filter_comm = false;	/* only comms in `comms` */
@@ -239,6 +240,11 @@ static __always_inline struct fileio_inflight *start_op(__u32 tid, struct file *
 	}
 	if (pos < 0)
 		pos = KFIELD(f, f_pos);
+	/* What the kernel will move at most (rw_verify_area and sendfile, copy_file_range
+	 * clamp to it): cat asks copy_file_range for 0x7fffffffc0000000 bytes, and two of
+	 * those summed wrapped the process's total around 2^64. */
+	if (bytes_requested > MAX_RW_COUNT)
+		bytes_requested = MAX_RW_COUNT;
 	st->bytes_requested = bytes_requested;
 	st->pos = pos;
 	st->ino = KFIELD(inode, i_ino);

@@ -116,6 +116,37 @@ def test_sendfile_and_copy_file_range(tmp_path: Path, strategy: str) -> None:
     assert ps.total("read").disk_bytes == 0 and ps.total("write").disk_bytes == 0
 
 
+# cat's copy (coreutils): copy_file_range asked for 0x7fffffffc0000000 bytes, until it
+# returns 0
+CAT_COPY = r"""
+import os, sys
+s = os.open(sys.argv[1], os.O_RDONLY)
+d = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+sys.stdout.write("ready\n"); sys.stdout.flush()
+sys.stdin.readline()
+got = [os.copy_file_range(s, d, 0x7FFFFFFFC0000000) for _ in range(3)]
+sys.stdout.write(" ".join(map(str, got)) + "\n"); sys.stdout.flush()
+sys.stdin.readline()
+"""
+MAX_RW_COUNT = 0x7FFFF000  # what the kernel moves in one call at most
+
+
+def test_a_copy_asking_for_everything_requests_what_the_kernel_moves(tmp_path: Path) -> None:
+    """Three such calls (the data, then 0 twice): each requests MAX_RW_COUNT bytes, as
+    the kernel clamps it; their sum no longer wraps around 2^64 (two of cat's did)."""
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(12288))
+    with ready_child(CAT_COPY, [src, tmp_path / "dst.bin"]) as p:
+        with FileIO(Options(pids=[p.pid])) as tool:
+            assert go(p) == b"12288 0 0\n"
+            drain(tool, p.pid, 6, timeout=patience(3.0))
+            stats = summarize(*tool.stats())
+        end_child(p)
+    read, write = stats[p.pid].total("read"), stats[p.pid].total("write")
+    assert (read.ops, read.bytes, read.bytes_requested) == (3, 12288, 3 * MAX_RW_COUNT)
+    assert (write.ops, write.bytes, write.bytes_requested) == (3, 12288, 3 * MAX_RW_COUNT)
+
+
 # Each read and write syscall io traces, a few times on a file of its own (its index
 # in CALLS names the file): what the child says it returned, per call.
 CALLS = {
