@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,9 +218,10 @@ def clock() -> Clock:
     return Clock()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The stored-data query tests stamp their rows with bucket times of the moment
-    they are imported and ask for the last 10 minutes: they run first, before the
-    suite's minutes (15 in all here) push their rows out of that window."""
-    first = [i for i in items if i.path.name.startswith("test_sentinel_query")]
-    items[:] = first + [i for i in items if i not in first]
+def pin_query_clock(monkeypatch: pytest.MonkeyPatch, now_s: float) -> None:
+    """sentinel's queries take "now" from time.time(): pinned to `now_s`, rows a test
+    stamped relative to it stay in "the last 10 minutes" however long the suite runs
+    before the test (15 minutes aged them out)."""
+    from meridian.tools.sentinel.query import store
+
+    monkeypatch.setattr(store, "time", types.SimpleNamespace(time=lambda: now_s))

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 from clickhouse_server import PASSWORD, ClickHouseServer, free_port, running_server
+from conftest import pin_query_clock
 
 from meridian.errors import UsageError
 from meridian.tools.sentinel.model.flows import FlowKey
@@ -41,6 +42,13 @@ B = FlowKey("fd00::1", "fd00::2", 443, 50000, "udp")
 C = 0x1234567890ABCDEF  # a flow the store never named
 CPU, LLC = 6, 2  # events cpu-clock, llc-misses
 T = int(time.time()) // 10 * 10  # bucket times, multiples of 10 s (the 10m timeline's step)
+
+
+@pytest.fixture(autouse=True)
+def now_is_t(monkeypatch: pytest.MonkeyPatch) -> None:
+    pin_query_clock(monkeypatch, T + 5)
+
+
 SRV, LIBC = "/usr/bin/srv", "/usr/lib/libc.so.6"
 MEMCPY = Frame(LIBC, "memcpy", "", 0, 0x7F00, 0x10)
 HANDLE = Frame(SRV, "handle", "srv.c", 42, 0x4020, 0x20)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from clickhouse_server import PASSWORD, ClickHouseServer, running_server
+from conftest import pin_query_clock
 
 from meridian.tools.sentinel.model.flows import FlowKey
 from meridian.tools.sentinel.model.records import RX, TX
@@ -30,6 +31,13 @@ from meridian.tools.sentinel.storage import Backend, BatchingSink, ChdbBackend, 
 
 CPU, LLC = 6, 2  # events cpu-clock, llc-misses
 T = int(time.time()) // 10 * 10
+
+
+@pytest.fixture(autouse=True)
+def now_is_t(monkeypatch: pytest.MonkeyPatch) -> None:
+    pin_query_clock(monkeypatch, T + 5)
+
+
 KEYS = [FlowKey("10.0.0.2", "10.0.0.1", 40000 + i, 8080, "tcp") for i in range(100)]
 REPLIES = [k.reversed() for k in KEYS]
 OTHER = FlowKey("10.0.0.2", "10.0.0.3", 40500, 5201, "tcp")
