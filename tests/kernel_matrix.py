@@ -39,6 +39,8 @@ DEFAULT_TESTS = (
     "tests/test_io_kernel_strategy.py::test_every_read_and_write_syscall_under_every_strategy",
     "tests/test_io_kernel_strategy.py::test_sendfile_and_copy_file_range",
     "tests/test_io_kernel_stats_cache.py",
+    # the disk signals read from the folio and the bio (tp_btf), against the tracepoints
+    "tests/test_io_kernel_disk.py::test_cold_read_is_disk_warm_read_is_cached",
     "tests/test_syscalls_kernel.py::test_openat_calls_of_cat_equal_straces",
     "tests/test_syscalls_kernel.py::test_a_pid_added_while_tracing_is_traced_from_its_next_call",
     "tests/test_syscalls_kernel.py::test_prog_calls_paired_with_paths",
