@@ -116,37 +116,6 @@ def test_pids_must_run() -> None:
         options_from_args(gone)
 
 
-def test_cgroup_id_paths(tmp_path: Path) -> None:
-    """--cgroup takes a directory under the cgroup2 mount or a /proc/PID/cgroup path;
-    the id is the directory's inode and the depth counts components below the root."""
-    from meridian.errors import UsageError
-    from meridian.tools.io.cli import cgroup_id
-
-    root = tmp_path / "cg2"
-    leaf = root / "a" / "b"
-    leaf.mkdir(parents=True)
-    for d in (root, root / "a", leaf):
-        (d / "cgroup.procs").write_text("")
-    (root / "plain").mkdir()
-    info = tmp_path / "mountinfo"
-    info.write_text(
-        "31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n"
-        f"41 31 0:38 / {root} rw,relatime - cgroup2 cgroup2 rw\n"
-    )
-    ino = leaf.stat().st_ino
-    assert cgroup_id(str(leaf), str(info)) == (ino, 2)
-    assert cgroup_id("/a/b", str(info)) == (ino, 2)
-    assert cgroup_id("a", str(info)) == ((root / "a").stat().st_ino, 1)
-    assert cgroup_id("/", str(info)) == (root.stat().st_ino, 0)
-    for bad in ("/nope", "/plain", str(tmp_path)):
-        with pytest.raises(UsageError, match="not a cgroup v2 directory"):
-            cgroup_id(bad, str(info))
-    empty = tmp_path / "empty"
-    empty.write_text("")
-    with pytest.raises(UsageError, match="no cgroup2"):
-        cgroup_id("/a", str(empty))
-
-
 def random_events(n: int, seed: int = 0) -> np.ndarray[Any, Any]:
     ev_dt, _, _ = dtypes()
     rng = np.random.default_rng(seed)

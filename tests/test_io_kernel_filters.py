@@ -154,18 +154,20 @@ def test_cli_events_with_paths_and_summary(tmp_path: Path) -> None:
 def test_cgroup_filter_in_the_kernel(tmp_path: Path) -> None:
     """--cgroup: a process moved into a test-made cgroup v2 (here a child of it) is
     traced; the same workload outside it is not."""
-    from meridian.tools.io.cli import cgroup_id, cgroup_mounts
+    from meridian.cgroup import cgroup2_mounts, resolve
 
     path = tmp_path / "cg.bin"
     path.write_bytes(os.urandom(4096))
-    top = Path(cgroup_mounts()[0]) / f"meridian-test-{os.getpid()}"
+    top = Path(cgroup2_mounts()[0]) / f"meridian-test-{os.getpid()}"
     inner = top / "inner"
     inner.mkdir(parents=True)
     try:
         with _children(path, None, None) as (inside, outside):
             (inner / "cgroup.procs").write_text(f"{inside.pid}\n")
             # The filter is the parent cgroup: processes in cgroups below it count too.
-            events, stats = _trace_pair(Options(cgroup=cgroup_id(str(top))), inside, outside)
+            events, stats = _trace_pair(
+                Options(cgroup=(resolve(str(top)).id, resolve(str(top)).depth)), inside, outside
+            )
     finally:
         for d in (inner, top):
             if d.exists():

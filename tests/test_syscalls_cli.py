@@ -182,19 +182,3 @@ def test_plain_view_memory_is_bounded_and_pairs_across_trims() -> None:
     assert len(lines) == 51 and p.unmatched_ends == 0
     assert lines[-1] == "22:13:20.000000 a(1:1) read(3) = 5 <7us>"
     assert all(line.endswith("close(4) = 0 <0us>") for line in lines[:-1])
-
-
-def test_cgroup_must_be_a_cgroup2_directory(tmp_path: Path) -> None:
-    from meridian.errors import UsageError
-    from meridian.tools.syscalls.cli import cgroup_id
-
-    mounts = tmp_path / "mounts"
-    cg = tmp_path / "cg"
-    (cg / "svc").mkdir(parents=True)
-    (cg / "svc" / "cgroup.procs").write_text("")
-    mounts.write_text(f"cgroup2 {cg} cgroup2 rw 0 0\n")
-    assert cgroup_id(str(cg / "svc"), str(mounts)) == (cg / "svc").stat().st_ino
-    with pytest.raises(UsageError, match="no such cgroup"):
-        cgroup_id(str(cg / "nope"), str(mounts))
-    with pytest.raises(UsageError, match=f"not a cgroup v2 directory; cgroup2 is mounted at {cg}"):
-        cgroup_id(str(tmp_path), str(mounts))

@@ -5,10 +5,10 @@ and `run`."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
+from ... import cgroup
 from ...errors import UsageError
 from ...export import add_arguments, from_args
 from ...flags import (
@@ -24,7 +24,7 @@ from .agent import run_options
 from .kernel import STRATEGIES
 from .options import DEFAULT_METRICS_MAX_PIDS, Options
 
-__all__ = ["add_parser", "cgroup_id", "cgroup_mounts", "options_from_args", "run"]
+__all__ = ["add_parser", "options_from_args", "run"]
 
 EXAMPLES = """examples:
   meridian io                       # every read/write on regular files, JSON lines
@@ -94,41 +94,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
-    """Mount points of the cgroup v2 hierarchy (the unified one)."""
-    out = []
-    try:
-        with open(mountinfo) as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                if right.split(" ", 1)[0] == "cgroup2":
-                    out.append(left.split()[4].replace("\\040", " "))
-    except OSError:
-        pass
-    return out
-
-
-def cgroup_id(path: str, mountinfo: str = "/proc/self/mountinfo") -> tuple[int, int]:
-    """(id, depth) of a cgroup v2 directory: the id is the directory's inode number, what
-    bpf_get_current_cgroup_id() returns; the depth counts components below the root.
-    PATH is a directory under a cgroup2 mount or a path as /proc/PID/cgroup shows it."""
-    mounts = cgroup_mounts(mountinfo)
-    if not mounts:
-        raise UsageError("--cgroup needs cgroup v2, and no cgroup2 file system is mounted")
-    for m in mounts:
-        rel = os.path.relpath(os.path.realpath(path), m) if os.path.isabs(path) else path
-        if rel == "." or not rel.startswith(".."):
-            break
-    else:
-        rel = path
-    for m in mounts:
-        full = os.path.normpath(os.path.join(m, rel.lstrip("/")))
-        if os.path.isfile(os.path.join(full, "cgroup.procs")):
-            depth = 0 if full == os.path.normpath(m) else len(os.path.relpath(full, m).split("/"))
-            return os.stat(full).st_ino, depth
-    raise UsageError(
-        f"--cgroup: {path!r} is not a cgroup v2 directory (cgroup2 is mounted at {mounts[0]})"
-    )
+def _cgroup(path: str | None) -> tuple[int, int] | None:
+    """--cgroup as the kernel filters it: the id and the depth (that cgroup or below)."""
+    if path is None:
+        return None
+    found = cgroup.resolve(path)
+    return found.id, found.depth
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
@@ -160,7 +131,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     return Options(
         pids=running_pids(args.pid),
         comms=comms,
-        cgroup=cgroup_id(args.cgroup) if args.cgroup is not None else None,
+        cgroup=_cgroup(args.cgroup),
         format=args.format,
         min_latency_ns=int((min_lat or 0) * 1_000_000),
         disk_only=args.disk_only,

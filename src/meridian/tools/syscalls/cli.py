@@ -5,10 +5,10 @@ plain lines of a live capture, or the replay of a recording."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
+from ... import cgroup
 from ...errors import ExtraMissing, UsageError
 from ...flags import (
     add_command,
@@ -28,7 +28,7 @@ from .options import Options, build_filter
 from .plain_view import replay
 from .recording_file import read_until_damage
 
-__all__ = ["add_parser", "cgroup_id", "options_from_args", "run"]
+__all__ = ["add_parser", "options_from_args", "run"]
 
 
 EXAMPLES = """examples:
@@ -71,7 +71,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every syscall, not only file ones")
     add_pid(p)
     p.add_argument("--no-follow", action="store_true", help="do not trace forked children")
-    p.add_argument("--cgroup", metavar="DIR", help="only tasks in this cgroup v2 directory")
+    p.add_argument(
+        "--cgroup",
+        metavar="DIR",
+        help="only tasks in this cgroup v2 directory (a path under the cgroup2 mount, or as "
+        "in /proc/PID/cgroup)",
+    )
     p.add_argument("--full", action="store_true", help="the full log: starts and ends")
     p.add_argument(
         "-c",
@@ -129,25 +134,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def cgroup_id(path: str, mounts: str = "/proc/self/mounts") -> int:
-    """The id the kernel gives a cgroup v2 directory (its inode number)."""
-    real = os.path.realpath(path)
-    roots = []
-    with open(mounts) as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) > 2 and fields[2] == "cgroup2":
-                roots.append(fields[1])
-    if not any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots):
-        where = ", ".join(roots) or "nowhere (mount -t cgroup2 none /sys/fs/cgroup)"
-        raise UsageError(
-            f"--cgroup {path}: not a cgroup v2 directory; cgroup2 is mounted at {where}"
-        )
-    if not os.path.isfile(os.path.join(real, "cgroup.procs")):
-        raise UsageError(f"--cgroup {path}: no such cgroup (no cgroup.procs in it)")
-    return os.stat(real).st_ino
-
-
 def _check(args: argparse.Namespace, names: list[str], pids: list[int]) -> None:
     """The combinations and values the parser alone does not refuse."""
     if args.read and args.command:
@@ -193,7 +179,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         command=list(args.command),
         follow=not args.no_follow,
         errnos=errnos,
-        cgroup_id=cgroup_id(args.cgroup) if args.cgroup else None,
+        cgroup_id=cgroup.resolve(args.cgroup).id if args.cgroup else None,
         tui=args.tui or not plain,
     )
 
