@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import glob
 import re
 import subprocess
 from collections.abc import Iterator
@@ -124,7 +125,8 @@ def held_rules(directory: Path, config: dict[str, Any], hold: dict[str, str]) ->
     thresholds and labels stay as shipped. An alert can then fire within a test."""
     directory.mkdir(parents=True, exist_ok=True)
     found, files = set(), []
-    for name in config["rule_files"]:
+    paths = [p for pattern in config["rule_files"] for p in sorted(glob.glob(pattern))]
+    for name in paths:  # rule_files are globs, as Prometheus reads them
         rules = yaml.safe_load(Path(name).read_text())
         for group in rules["groups"]:
             for rule in group["rules"]:
