@@ -8,17 +8,16 @@
 #define REQ_OP_BITS_MASK 0xff
 
 /* Pages [index, index + 2^order) of inode `ino` on `dev` entered the page cache: read
- * from the disk for the operation in flight on this thread (or for the readahead past
- * it). The tracepoint and the tp_btf program below call it with the same values. */
-static __always_inline void page_added(__u64 ino, __u32 dev, __u64 index, __u32 order)
+ * from the disk for the operation `st` in flight on this thread (or for the readahead
+ * past it). The tracepoint and the tp_btf program below call it with the same values,
+ * each only for a thread with an operation in flight (the folio is read only then). */
+static __always_inline void page_added(struct fileio_inflight *st, __u64 ino, __u32 dev,
+				       __u64 index, __u32 order)
 {
-	struct fileio_inflight *st = busy_slot((__u32)bpf_get_current_pid_tgid());
 	struct ahead_key k = {};
 	struct ahead_range *r, nr;
 	__u64 n, a, b, s, e, own;
 
-	if (!st)
-		return;
 	n = 1ULL << (order & 31);
 	if (st->pair && ino == st->ino2 && dev == st->dev2)
 		return;		/* the copy's target: pages it dirties, no disk I/O */
@@ -75,7 +74,10 @@ static __always_inline void bio_queued(__u64 bytes, bool write)
 SEC("tracepoint/filemap/mm_filemap_add_to_page_cache")
 int tp_page_added(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 {
-	page_added(ctx->i_ino, ctx->s_dev, ctx->index, ctx->order);
+	struct fileio_inflight *st = busy_slot((__u32)bpf_get_current_pid_tgid());
+
+	if (st)
+		page_added(st, ctx->i_ino, ctx->s_dev, ctx->index, ctx->order);
 	return 0;
 }
 
@@ -112,11 +114,17 @@ static __always_inline __u32 folio_order_of(struct folio *folio)
 SEC("tp_btf/mm_filemap_add_to_page_cache")
 int BPF_PROG(btf_page_added, struct folio *folio)
 {
-	struct inode *host = BPF_CORE_READ(folio, mapping, host);
-	struct super_block *sb = BPF_CORE_READ(host, i_sb);
-	__u32 dev = sb ? BPF_CORE_READ(sb, s_dev) : BPF_CORE_READ(host, i_rdev);
+	struct fileio_inflight *st = busy_slot((__u32)bpf_get_current_pid_tgid());
+	struct inode *host;
+	struct super_block *sb;
+	__u32 dev;
 
-	page_added(BPF_CORE_READ(host, i_ino), dev, BPF_CORE_READ(folio, index),
+	if (!st)
+		return 0;
+	host = BPF_CORE_READ(folio, mapping, host);
+	sb = BPF_CORE_READ(host, i_sb);
+	dev = sb ? BPF_CORE_READ(sb, s_dev) : BPF_CORE_READ(host, i_rdev);
+	page_added(st, BPF_CORE_READ(host, i_ino), dev, BPF_CORE_READ(folio, index),
 		   folio_order_of(folio));
 	return 0;
 }
