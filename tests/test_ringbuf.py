@@ -13,13 +13,20 @@ REC = np.dtype([("seq", "<u8"), ("value", "<u4"), ("tag", "S4")])
 SIZE = 4096
 
 
+def _pair(size: int) -> Iterator[tuple[FakeRing, RingBuffer]]:
+    """A fake kernel ring of `size` data bytes and a reader on it, closed after."""
+    fake = FakeRing(size)
+    reader = RingBuffer(fake.fd, size, REC)
+    try:
+        yield fake, reader
+    finally:
+        reader.close()
+        fake.close()
+
+
 @pytest.fixture
 def ring() -> Iterator[tuple[FakeRing, RingBuffer]]:
-    fake = FakeRing(SIZE)
-    reader = RingBuffer(fake.fd, SIZE, REC)
-    yield fake, reader
-    reader.close()
-    fake.close()
+    yield from _pair(SIZE)
 
 
 def rec(seq: int) -> bytes:
@@ -146,11 +153,7 @@ BIG = 4 * 4096  # four pages: pg_off differs from page to page
 
 @pytest.fixture
 def big() -> Iterator[tuple[FakeRing, RingBuffer]]:
-    fake = FakeRing(BIG)
-    reader = RingBuffer(fake.fd, BIG, REC)
-    yield fake, reader
-    reader.close()
-    fake.close()
+    yield from _pair(BIG)
 
 
 def _payloads(count: int, start: int = 0) -> list[bytes]:
