@@ -60,6 +60,22 @@ struct fdpath_walk {
 	__u64 chain[FDPATH_DEPTH];
 };
 
+/* The walk's state lives in a map value, not on the stack. Since 6.7 the verifier
+ * checks a bpf_loop() callback iteration after iteration until its state repeats; a
+ * stack value is tracked exactly, so with `n` and `off` there every iteration was new
+ * (286,000 instructions processed for each program that resolves a name, 0.4 s of
+ * load time each on this VM's 6.18, minutes under QEMU). The fields of a map value are
+ * unknown numbers to the verifier: the second iteration matches the first. Per-CPU, as
+ * the destination is: programs that name files do not nest on a CPU. */
+MAP_DEF(fdpath_state, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct fdpath_walk, 1);
+
+static __always_inline struct fdpath_walk *fdpath_state_of_cpu(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&fdpath_state, &zero);
+}
+
 static __always_inline long walk_up(struct fdpath_walk *c, const bool direct)
 {
 	struct mount *mnt = KOBJ_BY(direct, struct mount, c->mnt);
@@ -105,57 +121,71 @@ static __always_inline long write_down(__u64 k, struct fdpath_walk *c, const boo
 	return 0;
 }
 
-static long fdpath_walk_up(__u64 i, struct fdpath_walk *c)
+static long fdpath_walk_up(__u64 i, void *unused)
 {
-	return walk_up(c, true);
+	struct fdpath_walk *c = fdpath_state_of_cpu();
+
+	return c ? walk_up(c, true) : 1;
 }
 
-static long fdpath_walk_up_probed(__u64 i, struct fdpath_walk *c)
+static long fdpath_walk_up_probed(__u64 i, void *unused)
 {
-	return walk_up(c, false);
+	struct fdpath_walk *c = fdpath_state_of_cpu();
+
+	return c ? walk_up(c, false) : 1;
 }
 
-static long fdpath_write_down(__u64 k, struct fdpath_walk *c)
+static long fdpath_write_down(__u64 k, void *unused)
 {
-	return write_down(k, c, true);
+	struct fdpath_walk *c = fdpath_state_of_cpu();
+
+	return c ? write_down(k, c, true) : 1;
 }
 
-static long fdpath_write_down_probed(__u64 k, struct fdpath_walk *c)
+static long fdpath_write_down_probed(__u64 k, void *unused)
 {
-	return write_down(k, c, false);
+	struct fdpath_walk *c = fdpath_state_of_cpu();
+
+	return c ? write_down(k, c, false) : 1;
 }
 
 #include "fdpath_dname.bpf.h"	/* fdpath_dname(): the names of pseudo files */
 
 /* The walk of f's dentries (d: its dentry) for fdpath_write(). A function of its own, so
- * that the walk's state and fdpath_dname()'s share their stack: the frames of a program,
- * send_name() and a bpf_loop() callback together fit in the verifier's 512 bytes, also
- * with the temporaries of kernels without bpf_rdonly_cast. */
+ * that the walk's temporaries and fdpath_dname()'s share their stack: the frames of a
+ * program, send_name() and a bpf_loop() callback together fit in the verifier's 512
+ * bytes, also with the temporaries of kernels without bpf_rdonly_cast. */
 static __always_inline long fdpath_walk(struct file *f, struct dentry *d, char *dest,
 					__u32 base)
 {
-	struct fdpath_walk c = {};
+	struct fdpath_walk *c = fdpath_state_of_cpu();
+	__u32 off;
 
-	c.d = (__u64)d;
-	c.mnt = (__u64)KFIELD(f, f_path.mnt) - bpf_core_field_offset(struct mount, mnt);
-	c.base = base;
+	if (!c)
+		return 0;
+	c->d = (__u64)d;
+	c->mnt = (__u64)KFIELD(f, f_path.mnt) - bpf_core_field_offset(struct mount, mnt);
+	c->n = 0;
+	c->off = 0;
+	c->base = base;
 	if (have_bpf_rdonly_cast)
-		bpf_loop(FDPATH_DEPTH + 16, fdpath_walk_up, &c, 0);
+		bpf_loop(FDPATH_DEPTH + 16, fdpath_walk_up, NULL, 0);
 	else
-		bpf_loop(FDPATH_DEPTH + 16, fdpath_walk_up_probed, &c, 0);
-	if (c.n == 0) {
+		bpf_loop(FDPATH_DEPTH + 16, fdpath_walk_up_probed, NULL, 0);
+	if (c->n == 0) {
 		dest[base] = '/';
-		c.off = 1;
+		c->off = 1;
 	} else if (have_bpf_rdonly_cast) {
-		bpf_loop(FDPATH_DEPTH, fdpath_write_down, &c, 0);
+		bpf_loop(FDPATH_DEPTH, fdpath_write_down, NULL, 0);
 	} else {
-		bpf_loop(FDPATH_DEPTH, fdpath_write_down_probed, &c, 0);
+		bpf_loop(FDPATH_DEPTH, fdpath_write_down_probed, NULL, 0);
 	}
-	if (c.off > FDPATH_LEN - 1)
-		c.off = FDPATH_LEN - 1;
-	c.off = fdpath_deleted(d, dest, base, c.off);
-	dest[base + (c.off & (FDPATH_LEN - 1))] = 0;
-	return c.off + 1;
+	off = c->off;
+	if (off > FDPATH_LEN - 1)
+		off = FDPATH_LEN - 1;
+	off = fdpath_deleted(d, dest, base, off);
+	dest[base + (off & (FDPATH_LEN - 1))] = 0;
+	return off + 1;
 }
 
 /* f's path at dest[base] (dest: fdpath_dest(), base at most FDPATH_MAX_BASE),

@@ -52,6 +52,13 @@ class Program:
         if ret:
             raise BpfError(f"bpf_program__set_autoload({self.name})", L.neg_errno(ret))
 
+    def set_verifier_log_level(self, level: int) -> None:
+        """The verifier's log at load (1 its path, 2 every state, 4 its statistics),
+        printed through libbpf's log (L.set_echo)."""
+        ret = L.lib().bpf_program__set_log_level(self._handle, level)
+        if ret:
+            raise BpfError(f"bpf_program__set_log_level({self.name})", L.neg_errno(ret))
+
     @property
     def fd(self) -> int:
         return int(L.lib().bpf_program__fd(self._handle))
