@@ -15,6 +15,7 @@ from ..errors import MeridianError
 from ..flags import add_command
 from ..output import JsonWriter
 from ..system import KERNEL_BTF, has_bpf_privileges, raise_memlock, tracefs_mounted
+from . import summary
 
 __all__ = ["add_parser", "run"]
 
@@ -23,7 +24,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = add_command(
         sub,
         "doctor",
-        help="what this kernel allows and which strategy each tool uses",
+        help=summary("doctor"),
         description="Probe the kernel: each BPF feature is loaded and attached for real.",
         examples="examples:\n  meridian doctor\n  meridian doctor --json",
     )

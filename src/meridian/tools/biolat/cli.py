@@ -21,6 +21,7 @@ from ...flags import (
 )
 from ...output import JsonWriter
 from ...report_loop import run_histograms, workload
+from .. import summary
 from .kernel import STRATEGIES, Biolat
 from .model import Options
 from .records import SLOW_HEADER, print_slow
@@ -49,7 +50,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = add_command(
         sub,
         "biolat",
-        help="block I/O latency histograms, sizes, queue depth, slow requests",
+        help=summary("biolat"),
         description="Summarize block device I/O latency as histograms, per op and disk.",
         examples=EXAMPLES,
     )

@@ -20,6 +20,7 @@ from ...flags import (
     positive_number,
     running_pids,
 )
+from .. import summary
 from .agent import run_options
 from .kernel import STRATEGIES
 from .options import DEFAULT_METRICS_MAX_PIDS, Options
@@ -48,7 +49,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = add_command(
         sub,
         "io",
-        help="per-process file I/O: latency, bytes, page cache hits (seed 000)",
+        help=summary("io"),
         description="Trace reads and writes on regular files per process: latency, "
         "bytes, and whether the page cache served them. A summary per PID on exit.",
         examples=EXAMPLES,

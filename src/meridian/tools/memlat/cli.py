@@ -14,6 +14,7 @@ from ...errors import UsageError
 from ...flags import options_of, positive_number
 from ...latency import LatencyCli
 from ...report_loop import run_histograms
+from .. import summary
 from .kernel import STRATEGIES, Memlat
 from .model import Options
 from .validate import validate, validate_text
@@ -42,7 +43,7 @@ def run_options(opts: Options, out: TextIO) -> int:
 
 class _Cli(LatencyCli[Options]):
     name = "memlat"
-    help = "page-fault latency histograms, minor/major, per process; validate"
+    help = summary("memlat")
     description = (
         "Summarize page-fault handling latency (from the exception to the end of "
         "handle_mm_fault) as histograms per minor/major fault; faults that fail "

@@ -9,6 +9,7 @@ from typing import Any, TextIO
 from ...flags import options_of
 from ...latency import LatencyCli
 from ...report_loop import run_histograms
+from .. import summary
 from .kernel import STRATEGIES, Runqlat
 from .model import Options
 from .validate import validate, validate_text
@@ -35,7 +36,7 @@ def run_options(opts: Options, out: TextIO) -> int:
 
 class _Cli(LatencyCli[Options]):
     name = "runqlat"
-    help = "run-queue (scheduler) latency histograms; validate"
+    help = summary("runqlat")
     description = (
         "Summarize run-queue latency: the time from a wake-up or a preemption "
         "until the task runs. 'validate' as first argument runs the on/off experiment."

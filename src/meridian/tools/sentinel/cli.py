@@ -13,6 +13,7 @@ from typing import Any
 
 from ...errors import UsageError
 from ...flags import add_command, add_duration, add_json, add_pid
+from .. import summary
 
 __all__ = ["EXAMPLES", "add_parser", "check_host", "config_from_args", "run"]
 
@@ -45,8 +46,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = add_command(
         sub,
         "sentinel",
-        help="PMU samples attributed to network flows: which flows suffer cache misses, "
-        "branch mispredictions, remote DRAM, false sharing, and where (seed 003)",
+        help=summary("sentinel"),
         description="Sample PMU events (cpu-clock where the CPU has none) on every CPU at "
         "a bounded per-CPU budget, attribute each sample to the network flow the CPU "
         "was handling, and show the flows by cost with their hottest functions and "

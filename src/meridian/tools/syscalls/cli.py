@@ -20,6 +20,7 @@ from ...flags import (
     options_of,
     running_pids,
 )
+from .. import summary
 from .capture import CaptureFeed, capture, capture_tui
 from .jsonl_spool import convert_command
 from .kernel import STRATEGIES
@@ -59,7 +60,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = add_command(
         sub,
         "syscalls",
-        help="file-system syscall viewer: paired start/end, compact and filtered logs",
+        help=summary("syscalls"),
         description=(
             "Show file-system syscalls as start and end events paired into calls, "
             "with decoded arguments, paths of fds, results and durations."
