@@ -129,7 +129,7 @@ def guest_script(tests: list[str], junit: Path) -> str:
         f"export PYTHONPATH={REPO / 'src'}\n"  # this checkout's code, whatever the venv's
         # the repository is read-only there: no cache, no hypothesis database
         f"exec {VENV_BIN}/python -m pytest -p no:cacheprovider -p no:hypothesispytest "
-        f"--timeout={TEST_TIMEOUT_S} -v -m kernel --durations=5 --junitxml={junit} "
+        f"--timeout={TEST_TIMEOUT_S} -v -m kernel --durations=15 --junitxml={junit} "
         f"{' '.join(tests)}\n"
     )
 
