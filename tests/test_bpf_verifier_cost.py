@@ -12,8 +12,7 @@ import re
 
 import pytest
 
-from meridian.bpf import _libbpf
-from meridian.bpf import BpfObject, object_path
+from meridian.bpf import BpfObject, _libbpf, object_path
 
 pytestmark = pytest.mark.kernel
 
