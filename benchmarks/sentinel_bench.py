@@ -265,8 +265,8 @@ def throughput(cycles: int) -> None:
     tracers = {
         "floor (sentinel's hooks, empty; cpu-clock 99 Hz)": floor("sentinel"),
         "clock floor (a clock read a packet and a sample)": floor("sentinel", clock=True),
-        "sentinel mode (cpu-clock 99 Hz)": [*MERIDIAN, "--metrics-port", "0"],
-        "diagnostic mode": [*MERIDIAN, "--metrics-port", "0", "--mode", "diagnostic"],
+        "sentinel mode (cpu-clock 99 Hz)": [*MERIDIAN, "--prometheus", "127.0.0.1:0"],
+        "diagnostic mode": [*MERIDIAN, "--prometheus", "127.0.0.1:0", "--mode", "diagnostic"],
     }
     with netns_pair("bench") as pair:
         for udp in (False, True):

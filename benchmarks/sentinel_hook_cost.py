@@ -132,7 +132,7 @@ def main() -> int:
     try:
         with netns_pair("hooks") as pair:
             agent = subprocess.Popen(
-                [sys.executable, "-m", "meridian", "sentinel", "--metrics-port", "0"],
+                [sys.executable, "-m", "meridian", "sentinel", "--prometheus", "127.0.0.1:0"],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )

@@ -408,7 +408,8 @@ def test_every_panel_query_has_data_from_the_running_tools(
             "runqlat": ["runqlat", "-P", "-p", str(workload.pid), "--prometheus", at["runqlat"]],
             "sentinel": [
                 "sentinel", "--events", "cpu-clock", "-F", "199",
-                "--data-dir", str(tmp_path / "store"), "--metrics-port", str(ports["sentinel"]),
+                "--data-dir", str(tmp_path / "store"),
+                "--prometheus", f"127.0.0.1:{ports['sentinel']}",
             ],
         }  # fmt: skip
         for tool, args in commands.items():

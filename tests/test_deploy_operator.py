@@ -72,7 +72,7 @@ def unit_ports() -> dict[str, int]:
     ports = {}
     for unit in SYSTEMD.glob("meridian-*.service"):
         exec_start = re.search(
-            r"^ExecStart=\S+ (\w+) .*?(?::|--metrics-port )(\d+)", unit.read_text(), re.M
+            r"^ExecStart=\S+ (\w+) .*?--prometheus \S*:(\d+)", unit.read_text(), re.M
         )
         assert exec_start, unit
         ports[f"meridian-{exec_start[1]}"] = int(exec_start[2])

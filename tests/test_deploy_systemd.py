@@ -158,10 +158,9 @@ def test_exec_start_lines_are_flags_meridian_accepts() -> None:
     assert sentinel.tool == "sentinel" and sentinel.command is None
     assert sentinel.config == "/etc/meridian/sentinel.yaml" and sentinel.duration is None
     # every address, a port each: the three run side by side on a host
-    listen = [parse_listen(io.prometheus), parse_listen(biolat.prometheus)]
-    assert [host for host, _ in listen] == ["0.0.0.0", "0.0.0.0"]
-    ports = {port for _, port in listen} | {int(sentinel.metrics_port)}
-    assert ports == {9435, 9436, 9102}
+    listen = [parse_listen(t.prometheus) for t in (io, biolat, sentinel)]
+    assert [host for host, _ in listen] == ["0.0.0.0"] * 3
+    assert {port for _, port in listen} == {9435, 9436, 9102}
 
 
 def test_the_sentinel_example_config_loads_with_the_api_off_and_its_spool_kept() -> None:
@@ -469,7 +468,9 @@ def test_sentinel_stores_named_frames_of_contained_and_deleted_programs(
     (run_dir / "sentinel.yaml").write_text(yaml.safe_dump(config))
     port = free_port()
     argv = replace_flag(unit(SENTINEL).exec_start()[1:], "--config", str(run_dir / "sentinel.yaml"))
-    svc = Service(SENTINEL, replace_flag(argv, "--metrics-port", str(port)), tmp_path / "journal")
+    svc = Service(
+        SENTINEL, replace_flag(argv, "--prometheus", f"127.0.0.1:{port}"), tmp_path / "journal"
+    )
     store = HttpBackend(clickhouse.url, "writer", str(password), config["clickhouse"]["database"])
     spinners: subprocess.Popen[bytes] | None = None
 

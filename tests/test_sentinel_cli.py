@@ -52,6 +52,9 @@ def test_bad_config_file(tmp_path: Path, text: str, needle: str) -> None:
         (["-F", "0"], "-F/--frequency"),
         (["--interface", "nosuchif0"], "no interface 'nosuchif0'"),
         (["--metrics-port", "70000"], "--metrics-port"),
+        (["--prometheus", ":70000"], "--prometheus"),
+        (["--prometheus", "localhost"], "--prometheus takes [HOST]:PORT"),
+        (["--prometheus", ":9102", "--metrics-port", "9103"], "give one"),
         (["--mock-period-ms", "0"], "--mock-period-ms"),
         (["--duration", "0"], "--duration"),
         (["--duration", "soon"], "--duration"),
@@ -68,7 +71,7 @@ def test_bad_flags(args: list[str], needle: str) -> None:
 def test_xdp_interface_that_does_not_exist() -> None:
     """Checked before anything is loaded, so it needs no root."""
     one_line_exit_2(
-        sentinel("--xdp", "nosuchif0", "--duration", "1", "--metrics-port", "0"),
+        sentinel("--xdp", "nosuchif0", "--duration", "1", "--prometheus", "127.0.0.1:0"),
         "no interface 'nosuchif0'",
     )
 
@@ -79,8 +82,8 @@ def test_pid_that_does_not_exist() -> None:
 
 
 def test_port_in_use(busy_port: int) -> None:
-    p = sentinel("--perf-mock", "--duration", "5", "--metrics-port", str(busy_port))
-    one_line_exit_2(p, "--metrics-port")
+    p = sentinel("--perf-mock", "--duration", "5", "--prometheus", f"127.0.0.1:{busy_port}")
+    one_line_exit_2(p, "--prometheus")
     assert str(busy_port) in p.stderr
     assert "in use" in p.stderr
 
@@ -117,8 +120,8 @@ def test_print_config_round_trips(tmp_path: Path) -> None:
         "1234",
         "--events",
         "cycles,llc-misses;branch-misses",
-        "--metrics-port",
-        "9911",
+        "--prometheus",
+        "127.0.0.1:9911",
         "--mode",
         "diagnostic",
     )
@@ -150,7 +153,7 @@ def test_help_ends_with_examples() -> None:
     lines = p.stdout.rstrip().splitlines()
     assert lines[-1].strip().startswith("meridian sentinel")
     # the seed's own check is one of them, as written
-    assert "meridian sentinel --perf-mock --mock-period-ms=25 --metrics-port=9102" in p.stdout
+    assert "meridian sentinel --perf-mock --mock-period-ms=25 --prometheus=:9102" in p.stdout
     for flag in ("--print-config", "--events", "--samples-per-sec", "--xdp", "--json"):
         assert flag in p.stdout
 

@@ -135,7 +135,7 @@ def test_metrics_parse_as_openmetrics(procs: list[subprocess.Popen[str]], tmp_pa
     port = free_port()
     p = start(
         "--config", str(cfg), "--perf-mock", f"--mock-period-ms={period_ms}", CALM,
-        f"--metrics-port={port}",
+        f"--prometheus=127.0.0.1:{port}",
     )  # fmt: skip
     procs.append(p)
     text = scrape_until(p, port, 'src="10.0.0.2"')
@@ -177,7 +177,8 @@ def test_metrics_parse_as_openmetrics(procs: list[subprocess.Popen[str]], tmp_pa
 
 
 def test_seed_check_as_written(procs: list[subprocess.Popen[str]]) -> None:
-    """The seed's own check: `--perf-mock --mock-period-ms=25 --metrics-port=9102`."""
+    """The seed's own check: `--perf-mock --mock-period-ms=25 --metrics-port=9102`, the
+    old flag still read, with a line that names the new one."""
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", 9102))
@@ -191,10 +192,11 @@ def test_seed_check_as_written(procs: list[subprocess.Popen[str]]) -> None:
     assert p.returncode == 0, err
     assert took < STOP_BOUND_S
     assert RX_SERVICE in out
+    assert "--metrics-port is deprecated: use --prometheus [HOST]:PORT" in err
 
 
 def test_json_windows_carry_flows(procs: list[subprocess.Popen[str]]) -> None:
-    p = start(*MOCK, CALM, "--metrics-port=0", "--json", "--duration", "3.5")
+    p = start(*MOCK, CALM, "--prometheus=127.0.0.1:0", "--json", "--duration", "3.5")
     procs.append(p)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
@@ -241,13 +243,13 @@ def test_by_flow_lists_the_5_tuples(procs: list[subprocess.Popen[str]]) -> None:
     """--by flow: the summary's rows are 5-tuples, the --json objects have no
     `services` (by service, the default, the summary says how to get them:
     test_signal_prints_summary_and_exits_0)."""
-    p = start(*MOCK, CALM, "--metrics-port=0", "--duration", "1.5", "--by", "flow")
+    p = start(*MOCK, CALM, "--prometheus=127.0.0.1:0", "--duration", "1.5", "--by", "flow")
     procs.append(p)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
     assert RX_FLOW in out and RX_SERVICE not in out and "--by flow" not in out
     assert "\nFLOW " in out
-    p = start(*MOCK, CALM, "--metrics-port=0", "--duration", "1.5", "--by=flow", "--json")
+    p = start(*MOCK, CALM, "--prometheus=127.0.0.1:0", "--duration", "1.5", "--by=flow", "--json")
     procs.append(p)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
@@ -257,7 +259,7 @@ def test_by_flow_lists_the_5_tuples(procs: list[subprocess.Popen[str]]) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_prints_summary_and_exits_0(procs: list[subprocess.Popen[str]], sig: int) -> None:
     port = free_port()
-    p = start(*MOCK, f"--metrics-port={port}")
+    p = start(*MOCK, f"--prometheus=127.0.0.1:{port}")
     procs.append(p)
     scrape_until(p, port, 'src="10.0.0.2"')
     out, err, took = stop(p, sig)
@@ -271,7 +273,7 @@ def test_signal_prints_summary_and_exits_0(procs: list[subprocess.Popen[str]], s
 
 
 def test_duration_stops_by_itself(procs: list[subprocess.Popen[str]]) -> None:
-    p = start(*MOCK, "--metrics-port=0", "--duration", "2")
+    p = start(*MOCK, "--prometheus=127.0.0.1:0", "--duration", "2")
     procs.append(p)
     t0 = time.monotonic()
     out, err = p.communicate(timeout=30)
@@ -281,7 +283,7 @@ def test_duration_stops_by_itself(procs: list[subprocess.Popen[str]]) -> None:
 
 
 def test_verbose_names_the_strategy_and_source(procs: list[subprocess.Popen[str]]) -> None:
-    p = start(*MOCK, "--metrics-port=0", "--duration", "1", "-v")
+    p = start(*MOCK, "--prometheus=127.0.0.1:0", "--duration", "1", "-v")
     procs.append(p)
     _, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
@@ -518,7 +520,7 @@ def test_kernel_stop_leaves_nothing_attached(procs: list[subprocess.Popen[str]],
     """A real run, stopped once it has delivered samples: the summary counts them,
     the run exits 0, and every program and link it held is gone."""
     port = free_port()
-    p = start("--events", "cpu-clock", f"--metrics-port={port}", "-F", "99", "-v")
+    p = start("--events", "cpu-clock", f"--prometheus=127.0.0.1:{port}", "-F", "99", "-v")
     procs.append(p)
     wait_attached(p)  # -v names the strategy once the programs are attached
     held = held_by(p.pid)
@@ -546,7 +548,7 @@ def test_kernel_signal_while_loading(procs: list[subprocess.Popen[str]], stage: 
     port = free_port()
     # -v only when its ready line is read: libbpf's detail would fill the stderr pipe
     verbose = ["-v"] if stage == "attached" else []
-    p = start("--events", "cpu-clock", f"--metrics-port={port}", "-F", "99", *verbose)
+    p = start("--events", "cpu-clock", f"--prometheus=127.0.0.1:{port}", "-F", "99", *verbose)
     procs.append(p)
     if stage == "attached":
         wait_attached(p)

@@ -57,7 +57,7 @@ def test_a_stream_through_the_agent_to_metrics_json_and_summary(tmp_path: Path) 
             [
                 sys.executable, "-m", "meridian", "sentinel", "--events", "cpu-clock",
                 "-F", "199", "--samples-per-sec", "20000", "--json",
-                "--metrics-port", str(port), "-v",
+                "--prometheus", f"127.0.0.1:{port}", "-v",
             ],
             stdout=subprocess.PIPE, stderr=err_file, text=True,
         )  # fmt: skip
@@ -143,7 +143,10 @@ def test_busy_cpus_switch_to_diagnostic_and_back_at_the_defaults(tmp_path: Path)
     loop = "import time\nt = time.monotonic() + 120\nwhile time.monotonic() < t: pass\n"
     with open(err, "w") as err_file:
         agent = subprocess.Popen(
-            [sys.executable, "-m", "meridian", "sentinel", "--metrics-port", str(port), "-v"],
+            [
+                sys.executable, "-m", "meridian", "sentinel",
+                "--prometheus", f"127.0.0.1:{port}", "-v",
+            ],
             stdout=subprocess.DEVNULL, stderr=err_file, text=True,
         )  # fmt: skip
         loops: list[subprocess.Popen[bytes]] = []

@@ -53,7 +53,7 @@ def agent(*args: str, out: Path, err: Path) -> subprocess.Popen[str]:
     with open(out, "w") as o, open(err, "w") as e:
         return subprocess.Popen(
             [sys.executable, "-m", "meridian", "sentinel", "--events", "cpu-clock",
-             "--duration", str(DURATION), "--metrics-port", "0", "-v", *args],
+             "--duration", str(DURATION), "--prometheus", "127.0.0.1:0", "-v", *args],
             stdout=o, stderr=e, text=True,
         )  # fmt: skip
 

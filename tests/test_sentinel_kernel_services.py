@@ -55,7 +55,7 @@ def agent(tmp_path: Path) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [sys.executable, "-m", "meridian", "sentinel", "--config", str(config),
              "--events", "cpu-clock", "-F", "999", "--duration", str(DURATION),
-             "--metrics-port", "0", "--json", "--data-dir", str(tmp_path / "store"), "-v"],
+             "--prometheus", "127.0.0.1:0", "--json", "--data-dir", str(tmp_path / "store"), "-v"],
             stdout=o, stderr=e, text=True,
         )  # fmt: skip
 

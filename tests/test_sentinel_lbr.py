@@ -52,7 +52,7 @@ SAMPLE_BRANCH_STACK = 1 << 11
 
 
 AGENT = [sys.executable, "-m", "meridian", "sentinel", "--perf-mock", "--json"]
-AGENT += ["--metrics-port", "0"]
+AGENT += ["--prometheus", "127.0.0.1:0"]
 
 
 def sentinel(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

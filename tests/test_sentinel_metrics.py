@@ -238,5 +238,5 @@ def test_a_port_in_use_is_one_line() -> None:
         with pytest.raises(UsageError) as exc:
             serve(cfg, SentinelMetrics())
     assert str(exc.value) == (
-        f"--metrics-port cannot listen on 127.0.0.1:{port}: Address already in use"
+        f"--prometheus cannot listen on 127.0.0.1:{port}: Address already in use"
     )

@@ -35,7 +35,7 @@ def agent(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Path
     flags: list[str] = getattr(request, "param", [])
     mock = ["--perf-mock", "--mock-period-ms", "20", "--duration", "60", "--json"]
     p = subprocess.Popen(
-        [*MERIDIAN, *mock, "--metrics-port", "0", "--data-dir", str(store), *flags],
+        [*MERIDIAN, *mock, "--prometheus", "127.0.0.1:0", "--data-dir", str(store), *flags],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

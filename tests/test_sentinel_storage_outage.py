@@ -37,7 +37,7 @@ class Agent:
         pw.write_text(PASSWORD + "\n")
         argv = [
             sys.executable, "-m", "meridian", "sentinel", "--perf-mock", "--json",
-            "--metrics-port", "0", "--clickhouse-url", url, "--clickhouse-user", "writer",
+            "--prometheus", "127.0.0.1:0", "--clickhouse-url", url, "--clickhouse-user", "writer",
             "--clickhouse-password-file", str(pw), "--spool-dir", str(tmp_path / "spool"),
             *more,
         ]  # fmt: skip
@@ -116,7 +116,7 @@ def test_a_run_against_a_store_that_is_down_says_what_is_left_unsent(tmp_path: P
     assert storage["stored_rows"] == 0 and storage["dropped_rows"] == 0
     assert storage["unsent_rows"] > 0 and storage["spool_dir"] == str(tmp_path / "spool")
     text = subprocess.run(
-        [sys.executable, "-m", "meridian", "sentinel", "--perf-mock", "--metrics-port", "0",
+        [sys.executable, "-m", "meridian", "sentinel", "--perf-mock", "--prometheus", "127.0.0.1:0",
          "--clickhouse-url", url, "--spool-dir", str(tmp_path / "spool"), "--duration", "1"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
@@ -134,7 +134,8 @@ def test_a_second_agent_on_one_spool_is_told_a_fix_that_works(tmp_path: Path) ->
     try:
         wait_until(lambda: first.windows(), 60, "a window of the first agent")
         argv = [
-            sys.executable, "-m", "meridian", "sentinel", "--perf-mock", "--metrics-port", "0",
+            sys.executable, "-m", "meridian", "sentinel", "--perf-mock",
+            "--prometheus", "127.0.0.1:0",
             "--clickhouse-url", url, "--duration", "1",
         ]  # fmt: skip
         spool = ["--spool-dir", str(tmp_path / "spool")]

@@ -248,7 +248,7 @@ def test_sentinel_in_the_image_samples_a_host_stream(image: str, tmp_path: Path)
     port, cport = free_port(), 40000 + (os.getpid() + 1) % 20000
     with netns_pair("img") as pair, container(
         image, tmp_path, "sentinel", "--events", "cpu-clock", "-F", "199",
-        "--samples-per-sec", "20000", "--json", "--metrics-port", str(port), "-v",
+        "--samples-per-sec", "20000", "--json", "--prometheus", f"127.0.0.1:{port}", "-v",
     ) as ctr:  # fmt: skip
         client = pair.iperf3_start(round(patience(4)), cport=cport)
         stream = {"src": pair.addr_a, "dst": pair.addr_b, "sport": str(cport), "dport": "5201"}

@@ -78,12 +78,18 @@ class SeriesCollector:
         return families(self.source)
 
 
-def parse_listen(value: str, option: str = "--prometheus") -> tuple[str, int]:
-    """`[HOST]:PORT` (or a bare PORT) to (host, port); no host means every address."""
+def parse_listen(
+    value: str, option: str = "--prometheus", any_port: bool = False
+) -> tuple[str, int]:
+    """`[HOST]:PORT` (or a bare PORT) to (host, port); no host means every address.
+    `any_port`: port 0 (any free one) is allowed, for a server that says where it is."""
     host, _, port = value.rpartition(":")
     host = host.strip("[]")
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"{option} takes [HOST]:PORT with a port from 1 to 65535, got {value!r}")
+    low = 0 if any_port else 1
+    if not port.isdigit() or not low <= int(port) < 65536:
+        raise UsageError(
+            f"{option} takes [HOST]:PORT with a port from {low} to 65535, got {value!r}"
+        )
     return host or "0.0.0.0", int(port)
 
 
@@ -170,7 +176,7 @@ class PrometheusServer:
         option: str = "--prometheus",
         fast: bool = False,
     ) -> None:
-        """`option` names the flag in errors (each tool's own: --metrics-port ...)."""
+        """`option` names the flag in errors."""
         self.server: Any
         if fast:
             try:

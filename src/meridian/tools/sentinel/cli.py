@@ -9,7 +9,7 @@ import argparse
 import os
 import socket
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 from ...errors import UsageError
 from ...flags import add_command, add_duration, add_json, add_pid
@@ -29,7 +29,7 @@ EXAMPLES = """examples:
   meridian sentinel --xdp eth0 -p 1234         # XDP flow hook on eth0; only PID 1234
   meridian sentinel --lbr --raw-samples --data-dir /var/lib/ms   # samples with their branches
   meridian sentinel --json --duration 10       # one JSON object per flush window
-  meridian sentinel --metrics-port 9102 --metrics-address 0.0.0.0   # /metrics for all
+  meridian sentinel --prometheus :9102         # /metrics on every address
   meridian sentinel --api-port 9103 --api-token-file tok   # HTTP control plane on /api/v1
   meridian sentinel --data-dir /var/lib/ms      # rollups, stacks, names in embedded ClickHouse
   meridian sentinel --clickhouse-url http://ch:8123 --clickhouse-password-file pw   # a server
@@ -38,7 +38,7 @@ EXAMPLES = """examples:
   meridian sentinel query flow 245eaf80ddcc96c7 --flamegraph flow.svg --data-dir /var/lib/ms
   meridian sentinel --print-config > sentinel.yaml   # every key with its default
   meridian sentinel --config sentinel.yaml -v  # from a file; -v names strategy and events
-  meridian sentinel --perf-mock --mock-period-ms=25 --metrics-port=9102   # no kernel: demo
+  meridian sentinel --perf-mock --mock-period-ms=25 --prometheus=:9102   # no kernel: demo
 """
 
 
@@ -50,7 +50,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description="Sample PMU events (cpu-clock where the CPU has none) on every CPU at "
         "a bounded per-CPU budget, attribute each sample to the network flow the CPU "
         "was handling, and show the flows by cost with their hottest functions and "
-        "stacks. OpenMetrics on --metrics-port. Flags override the --config file.",
+        "stacks. OpenMetrics on --prometheus. Flags override the --config file.",
         examples=EXAMPLES,
     )
     p.add_argument("--config", metavar="FILE", help="YAML configuration (see --print-config)")
@@ -116,8 +116,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def _serving_and_storage(p: argparse.ArgumentParser) -> None:
     """/metrics, the control plane and the store: where each is."""
     for flag, metavar, text in (
-        ("--metrics-port", "PORT", "serve /metrics here (0: any port)"),
-        ("--metrics-address", "HOST", "address of /metrics"),
+        (
+            "--prometheus",
+            "[HOST]:PORT",
+            "serve /metrics here (no HOST: every address; 0: any port)",
+        ),
+        ("--metrics-port", "PORT", "deprecated: --prometheus 127.0.0.1:PORT"),
+        ("--metrics-address", "HOST", "deprecated: --prometheus HOST:PORT"),
         ("--api-port", "PORT", "serve the control plane /api/v1 (0: any)"),
         ("--api-address", "HOST", "its address (default 127.0.0.1)"),
         ("--api-token-file", "FILE", "the API requires this bearer token"),
@@ -140,11 +145,22 @@ def _repeated(p: argparse.ArgumentParser, flag: str, metavar: str, help: str, *m
     p.add_argument(flag, *more, metavar=metavar, action="append", default=None, help=help)
 
 
-def config_from_args(args: argparse.Namespace) -> Any:
-    """The configuration: file (or defaults) with the typed flags laid over it."""
+# The flags every other tool spells otherwise (--prometheus [HOST]:PORT): still read.
+DEPRECATED = {"metrics_port": "--metrics-port", "metrics_address": "--metrics-address"}
+
+
+def config_from_args(args: argparse.Namespace, err: TextIO = sys.stderr) -> Any:
+    """The configuration: file (or defaults) with the typed flags laid over it. A
+    deprecated flag works, and says so on `err`."""
     from .config.load import load_config, merge_args
 
-    return merge_args(load_config(args.config), args)
+    cfg = merge_args(load_config(args.config), args)
+    for dest, flag in DEPRECATED.items():
+        if getattr(args, dest, None) is not None:
+            print(
+                f"meridian sentinel: {flag} is deprecated: use --prometheus [HOST]:PORT", file=err
+            )
+    return cfg
 
 
 def _interfaces() -> list[str]:

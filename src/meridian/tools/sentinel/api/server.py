@@ -5,7 +5,7 @@ naming it.
 
 The socket is bound here, before anything is loaded into the kernel, so that a port
 in use or an address that does not exist is a one-line UsageError, as for
---metrics-port. uvicorn installs no signal handler outside the main thread: Ctrl-C
+--prometheus. uvicorn installs no signal handler outside the main thread: Ctrl-C
 and SIGTERM stay the agent's, and `close()` ends the server within a few seconds
 whatever its clients do.
 """

@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ....errors import ExtraMissing, UsageError
+from ....export.prometheus import parse_listen
 from .fields import parse_groups
 from .messages import problem, seed_keys, show_value
 from .schema import SentinelConfig
@@ -195,6 +196,14 @@ def merge_args(cfg: SentinelConfig, args: argparse.Namespace) -> SentinelConfig:
         value = getattr(args, dest, None)
         if value is not None:
             put(key, list(value) if isinstance(value, tuple) else value, flag)
+    prometheus = getattr(args, "prometheus", None)
+    if prometheus is not None:
+        for key in ("metrics.listen_port", "metrics.listen_address"):
+            if key in given:
+                raise UsageError(f"--prometheus and {given[key]} both set /metrics: give one")
+        host, port = parse_listen(prometheus, any_port=True)
+        put("metrics.listen_address", host, "--prometheus")
+        put("metrics.listen_port", port, "--prometheus")
     groups = _event_groups(getattr(args, "events", None))
     if groups is not None:
         put("perf.sentinel_groups", groups, "--events")

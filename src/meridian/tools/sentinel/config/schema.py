@@ -265,8 +265,8 @@ class MetricsConfig(Settings):
     """The OpenMetrics endpoint (/metrics)."""
 
     enabled: bool = _key(True, "serve /metrics")
-    listen_address: Host = _key("127.0.0.1", "address to serve on (--metrics-address)")
-    listen_port: Port = _key(9102, "port to serve on, 0: any free port (--metrics-port)")
+    listen_address: Host = _key("127.0.0.1", "address to serve on (--prometheus HOST:PORT)")
+    listen_port: Port = _key(9102, "port to serve on, 0: any free port (--prometheus)")
     top_flows: OneOrMore = _key(50, "flows with series of their own; the rest sum into flow=other")
     top_services: OneOrMore = _key(
         50, "services with series of their own; the rest sum into service_addr=other"

@@ -389,4 +389,4 @@ def serve(cfg: SentinelConfig, metrics: SentinelMetrics) -> PrometheusServer:
     """Serve /metrics on `metrics.listen_address:listen_port` from a thread until the
     server's `close()`; a port in use is a one-line UsageError."""
     host, port = cfg.metrics.listen_address, cfg.metrics.listen_port
-    return PrometheusServer(metrics.source, (host, port), option="--metrics-port")
+    return PrometheusServer(metrics.source, (host, port))
