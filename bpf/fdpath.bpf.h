@@ -184,6 +184,9 @@ static __always_inline long fdpath_walk(struct file *f, struct dentry *d, char *
 	if (off > FDPATH_LEN - 1)
 		off = FDPATH_LEN - 1;
 	off = fdpath_deleted(d, dest, base, off);
+	/* The mask stays: the compiler knows the clamps make it redundant, 6.1's verifier
+	 * does not (it tracks the clamp on another register). */
+	barrier_var(off);
 	dest[base + (off & (FDPATH_LEN - 1))] = 0;
 	return off + 1;
 }

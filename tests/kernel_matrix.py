@@ -53,6 +53,8 @@ DEFAULT_TESTS = (
     "tests/test_sentinel_kernel_flows.py::test_flow_attribution_over_veth",
     "tests/test_sentinel_kernel_agent.py",
     "tests/test_sentinel_kernel_tunnels.py",
+    # what the verifier does for the programs that name files (6.7+ walks callbacks)
+    "tests/test_bpf_verifier_cost.py",
     "tests/test_bpf_kernel.py::test_every_feature_probe_equals_the_independent_fact",
     "tests/test_bpf_kernel.py::test_every_tool_chooses_the_strategy_the_host_facts_predict",
     "tests/test_bpf_kernel.py::test_doctor_says_why_fentry_and_kprobes_are_refused",
