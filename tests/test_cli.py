@@ -68,6 +68,13 @@ def test_common_flags_parse_the_same_in_every_tool(tool: str) -> None:
         assert build_parser().parse_args([tool, "--json"]).json is True
 
 
+@pytest.mark.parametrize("tool", [*PID_TOOLS, "biolat"])
+def test_verbose_is_on_or_off_in_every_tool(tool: str) -> None:
+    """-v means one thing everywhere: on (repeating it adds nothing)."""
+    assert bool(build_parser().parse_args([tool]).verbose) is False
+    assert build_parser().parse_args([tool, "-v", "-v"]).verbose in (True, 1)
+
+
 @pytest.mark.parametrize("tool", PID_TOOLS)
 def test_pid_repeats_and_takes_lists(tool: str) -> None:
     assert build_parser().parse_args([tool, "-p", "1,2", "--pid", "3"]).pid == [1, 2, 3]

@@ -100,10 +100,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "or one per flow (5-tuple)",
     )
     add_json(p, "one JSON object per flush window, and one summary object", default=None)
-    p.add_argument(
+    p.add_argument(  # on or off, as every tool's -v; None: the YAML file's run.verbose
         "-v",
         "--verbose",
-        action="count",
+        action="store_const",
+        const=1,
         default=None,
         help="name the strategy, the event source, mode changes (libbpf detail too)",
     )
