@@ -19,6 +19,20 @@
 #ifndef MERIDIAN_FDPATH_BPF_H
 #define MERIDIAN_FDPATH_BPF_H
 
+/* The index base + off (off masked to the path's room) into the destination, bounded
+ * again just before the write that uses it: base and off come from a map or a caller,
+ * and 6.1's verifier loses a bound that the compiler put on another copy of the value
+ * (a spill, a 32-bit move), while the compiler drops a clamp or mask it proves
+ * redundant. The barriers keep both, on the register the write uses. */
+static __always_inline __u64 fdpath_at(__u64 base, __u64 off)
+{
+	barrier_var(base);
+	if (base > FDPATH_MAX_BASE)
+		base = FDPATH_MAX_BASE;
+	barrier_var(off);
+	return base + (off & (FDPATH_LEN - 1));
+}
+
 /* A name kept inside its dentry (d_shortname, under 40 bytes: most names) copied as
  * five word loads and stores, with no helper call; the bytes past it are overwritten by
  * what follows. Returns its length, or -1 when the name lives elsewhere (a long name,
@@ -100,24 +114,22 @@ static __always_inline long walk_up(struct fdpath_walk *c, const bool direct)
 
 static __always_inline long write_down(__u64 k, struct fdpath_walk *c, const bool direct)
 {
-	__u32 at, base = c->base;
+	__u64 at, off = c->off, base = c->base;
 	char *dest = fdpath_dest();
 	__u64 d;
 	long len;
 
-	if (!dest || k >= c->n || c->off >= FDPATH_LEN - 1 || base > FDPATH_MAX_BASE)
+	if (!dest || k >= c->n || off >= FDPATH_LEN - 1 || base > FDPATH_MAX_BASE)
 		return 1;
 	d = c->chain[(c->n - 1 - k) & (FDPATH_DEPTH - 1)];
-	at = base + (c->off & (FDPATH_LEN - 1));
-	dest[at] = '/';
-	c->off++;
-	at = base + (c->off & (FDPATH_LEN - 1));
+	dest[fdpath_at(base, off)] = '/';
+	off++;
+	at = fdpath_at(base, off);
 	len = copy_short_name(d, &dest[at], direct);
 	if (len < 0)
 		len = bpf_probe_read_kernel_str(&dest[at], FDPATH_LEN,
 						KREAD_BY(direct, struct dentry, d, d_name.name)) - 1;
-	if (len > 0)
-		c->off += len;
+	c->off = len > 0 ? off + len : off;
 	return 0;
 }
 
@@ -173,7 +185,7 @@ static __always_inline long fdpath_walk(struct file *f, struct dentry *d, char *
 	else
 		bpf_loop(FDPATH_DEPTH + 16, fdpath_walk_up_probed, NULL, 0);
 	if (c->n == 0) {
-		dest[base] = '/';
+		dest[fdpath_at(base, 0)] = '/';
 		c->off = 1;
 	} else if (have_bpf_rdonly_cast) {
 		bpf_loop(FDPATH_DEPTH, fdpath_write_down, NULL, 0);
@@ -184,10 +196,7 @@ static __always_inline long fdpath_walk(struct file *f, struct dentry *d, char *
 	if (off > FDPATH_LEN - 1)
 		off = FDPATH_LEN - 1;
 	off = fdpath_deleted(d, dest, base, off);
-	/* The mask stays: the compiler knows the clamps make it redundant, 6.1's verifier
-	 * does not (it tracks the clamp on another register). */
-	barrier_var(off);
-	dest[base + (off & (FDPATH_LEN - 1))] = 0;
+	dest[fdpath_at(base, off)] = 0;
 	return off + 1;
 }
 

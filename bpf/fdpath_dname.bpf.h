@@ -75,7 +75,7 @@ static __always_inline long fdpath_dname(struct file *f, struct dentry *d, char 
 		fmt = data[1] ? fdpath_fmt_dmabuf : fdpath_fmt_dmabuf_anon;
 		break;
 	}
-	n = bpf_snprintf(&dest[base], FDPATH_LEN, fmt, data, sizeof(data));
+	n = bpf_snprintf(&dest[fdpath_at(base, 0)], FDPATH_LEN, fmt, data, sizeof(data));
 	if (n <= 0)
 		return 0;
 	return n > FDPATH_LEN ? FDPATH_LEN : n;
@@ -95,7 +95,7 @@ static __always_inline __u32 fdpath_deleted(struct dentry *d, char *dest, __u32 
 	if (off > FDPATH_LEN - sizeof(tail))
 		off = FDPATH_LEN - sizeof(tail);
 	for (i = 0; i < sizeof(tail) - 1; i++)
-		dest[base + ((off + i) & (FDPATH_LEN - 1))] = tail[i];
+		dest[fdpath_at(base, off + i)] = tail[i];
 	return off + sizeof(tail) - 1;
 }
 

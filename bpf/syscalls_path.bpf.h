@@ -149,7 +149,7 @@ static __always_inline long path_from_cache(const struct path_key *k, struct sys
 	    e->hash_len != k->hash_len || e->inode != k->inode || e->renames != k->renames ||
 	    e->mounts != k->mounts || len == 0 || len > SYSCALLS_PATH_LEN)
 		return 0;
-	copy_path(&b->data[base], e->path);
+	copy_path(&b->data[bound(base)], e->path);	/* bound again: see bound() */
 	barrier();
 	return e->gen == gen ? len : 0;	/* rewritten meanwhile: walk instead */
 }
@@ -177,7 +177,7 @@ static __always_inline void path_to_cache(const struct path_key *k, const struct
 	e->renames = k->renames;
 	e->mounts = k->mounts;
 	e->len = len;
-	copy_path(e->path, &b->data[base]);
+	copy_path(e->path, &b->data[bound(base)]);
 	barrier();
 	e->gen++;
 }
