@@ -19,8 +19,9 @@ pytestmark = pytest.mark.kernel
 # A program that names files processes ~4,000 instructions now; 25 times that is a
 # regression to the walk checked iteration by iteration, not noise.
 MAX_PROCESSED = 100_000
-# The programs this VM loads (tracepoints and tp_btf), by their prefix in each object.
-PROGRAMS = {"io": ("tp_", "raw_"), "syscalls": ("tp_", "btf_")}
+# The syscall programs, the ones that name files, of the strategies every kernel of the
+# matrix and this VM load (tracepoints and tp_btf), by their prefix in each object.
+PROGRAMS = {"io": ("tp_enter_", "tp_exit_", "raw_"), "syscalls": ("tp_sys_", "btf_sys_")}
 STATS = re.compile(r"prog '(\w+)': -- BEGIN|^processed (\d+) insns")
 
 
