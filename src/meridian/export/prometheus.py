@@ -173,16 +173,14 @@ class PrometheusServer:
         self,
         source: Source,
         where: tuple[str, int],
-        option: str = "--prometheus",
         fast: bool = False,
     ) -> None:
-        """`option` names the flag in errors."""
         self.server: Any
         if fast:
             try:
                 self.server = _Server(where)
             except OSError as exc:
-                raise _bind_error(option, where, exc) from None
+                raise _bind_error("--prometheus", where, exc) from None
             self.server.source = source
             self.thread = threading.Thread(
                 target=self.server.serve_forever, name="prometheus", daemon=True
@@ -192,13 +190,13 @@ class PrometheusServer:
         try:
             from prometheus_client import CollectorRegistry, start_http_server
         except ImportError:
-            raise ExtraMissing(option, "prometheus") from None
+            raise ExtraMissing("--prometheus", "prometheus") from None
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SeriesCollector(source))
         try:
             self.server, self.thread = start_http_server(where[1], addr=where[0], registry=registry)
         except OSError as exc:
-            raise _bind_error(option, where, exc) from None
+            raise _bind_error("--prometheus", where, exc) from None
 
     @property
     def port(self) -> int:

@@ -147,17 +147,18 @@ def _repeated(p: argparse.ArgumentParser, flag: str, metavar: str, help: str, *m
 
 
 # The flags every other tool spells otherwise (--prometheus [HOST]:PORT): still read.
-DEPRECATED = {"metrics_port": "--metrics-port", "metrics_address": "--metrics-address"}
+DEPRECATED = ("metrics_port", "metrics_address")
 
 
 def config_from_args(args: argparse.Namespace, err: TextIO = sys.stderr) -> Any:
     """The configuration: file (or defaults) with the typed flags laid over it. A
     deprecated flag works, and says so on `err`."""
-    from .config.load import load_config, merge_args
+    from .config.load import FLAGS, load_config, merge_args
 
     cfg = merge_args(load_config(args.config), args)
-    for dest, flag in DEPRECATED.items():
+    for dest in DEPRECATED:
         if getattr(args, dest, None) is not None:
+            flag = FLAGS[dest][1]
             print(
                 f"meridian sentinel: {flag} is deprecated: use --prometheus [HOST]:PORT", file=err
             )
