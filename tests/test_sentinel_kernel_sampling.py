@@ -138,23 +138,34 @@ def test_hard_drop_window_is_counted() -> None:
     host for H*F = 50 (H = 50 ms, F = 1000 Hz): 49.0-49.6 hard drops per window over
     100-300 windows (49 or 50 each, as derived), 48.3-49.4 over 30 (the last window
     cut). A window of the wrong length (H/2: 24.2 per window) or one that never ends
-    fails."""
+    fails. The grid holds only while the hrtimer fires on time: a VM whose CPU is taken
+    away (steal) skips periods (hrtimer_forward_now() drops the overruns), so CI saw
+    40.0 per window. Hence the lower bound scales with the rate the handler really ran
+    at on that CPU (samples / elapsed), with a tenth for the steal being uneven: H/2
+    is still far below it, and the exact upper bound stays."""
     freq, window_ns, windows = 1000, 50_000_000, 30
     per_window = window_ns * freq // 1_000_000_000  # H * F sample periods in a window
     cpus = online_cpus()
     with KernelSource(CLOCK, frequency=freq, samples_per_sec=100, hard_drop_ns=window_ns) as src:
+        t0 = time.monotonic()  # sampling runs from before this: the rate comes out low, safe
         wait_until(
             lambda: min(int(per_cpu(src)["token_bucket"][c]) for c in cpus) >= windows,
             30,
             f"{windows} token-bucket drops on every CPU",
         )
         src.stop_sampling()  # the counters hold still from here
+        elapsed = time.monotonic() - t0
         final = per_cpu(src)
     for cpu in cpus:
         f = final[cpu]
         tb, hard = int(f["token_bucket"]), int(f["hard_drop"])
-        print(f"cpu {cpu}: {tb} windows, {hard} hard drops, {hard / tb:.2f} per window")
-        assert (tb - 1) * (per_window - 1) <= hard <= tb * per_window, (cpu, tb, hard)
+        # sample periods the hrtimer really delivered in a window of H, on this CPU
+        delivered = min(per_window, window_ns / 1e9 * int(f["samples"]) / elapsed)
+        print(
+            f"cpu {cpu}: {tb} windows, {hard} hard drops, {hard / tb:.2f} per window,"
+            f" {delivered:.1f} samples per H delivered of {per_window}"
+        )
+        assert (tb - 1) * (0.9 * delivered - 1) <= hard <= tb * per_window, (cpu, tb, hard)
         assert f["samples"] == (f["emitted"] + f["token_bucket"] + f["hard_drop"] + f["ring_full"])
         assert f["emitted"] > 0
 
