@@ -61,6 +61,8 @@ struct fileio_inflight {
 	__u32 tid;		/* the thread the slot belongs to */
 	__u32 disk_requests;	/* block requests it submitted that completed, */
 	__u64 disk_latency_ns;	/* and their device time (issue to completion) */
+	__s64 rsector;		/* start sector of the first read bio it submitted, */
+	__s64 wsector;		/* of the first write bio; -1: none yet */
 };
 
 /* Each thread's operation in flight, in the slot tid % the array's size (user space
@@ -259,6 +261,8 @@ static __always_inline struct fileio_inflight *start_op(__u32 tid, struct file *
 	st->wait_start_ns = 0;
 	st->disk_requests = 0;
 	st->disk_latency_ns = 0;
+	st->rsector = -1;
+	st->wsector = -1;
 	st->start_ns = bpf_ktime_get_ns();
 	return st;
 }
@@ -473,6 +477,7 @@ static __always_inline void account(struct fileio_inflight *st, __u32 op, __u64 
 	ev->ino = ino;
 	ev->disk_latency_ns = disk_time ? st->disk_latency_ns : 0;
 	ev->disk_requests = disk_time ? st->disk_requests : 0;
+	ev->sector = op == IO_OP_WRITE ? st->wsector : st->rsector;
 	ev->dev = dev;
 	ev->pid = key.pid;
 	ev->tid = task->pid;

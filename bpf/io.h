@@ -119,6 +119,10 @@ struct fileio_event {
 	__u32 cached;
 	__u32 disk_requests;	/* those block requests */
 	char comm[IO_COMM_LEN];
+	__s64 sector;		/* start sector (512 B, of the whole disk, as the block
+				 * tracepoints give it) of the first bio with data of the
+				 * operation's direction that it submitted; -1: none. Last,
+				 * so the fields before keep their offsets. */
 };
 
 #endif

@@ -58,16 +58,26 @@ static __always_inline void page_added(struct fileio_inflight *st, __u64 ino, __
 	bpf_map_update_elem(&ahead, &k, &nr, BPF_ANY);
 }
 
-/* A bio of `bytes` was queued by the operation in flight on this thread. */
-static __always_inline void bio_queued(__u64 bytes, bool write)
+/* A bio of `bytes` from `sector` was queued by the operation in flight on this thread.
+ * The first of each direction with data gives the event its sector: block_bio_queue
+ * fires after the partition remap, so it is the whole disk's sector as the block
+ * tracepoints show it (the request built from that bio starts there), on every kernel
+ * (6.1 has no block_io_start) and under both kinds of disk signal. */
+static __always_inline void bio_queued(__u64 bytes, bool write, __u64 sector)
 {
 	struct fileio_inflight *st = busy_slot((__u32)bpf_get_current_pid_tgid());
 
-	if (st) {
-		st->bio_bytes += bytes;
-		if (write)
-			st->wbio_bytes += bytes;
-	}
+	if (!st)
+		return;
+	st->bio_bytes += bytes;
+	if (write)
+		st->wbio_bytes += bytes;
+	if (!bytes)
+		return;		/* an empty preflush: no sector of the data */
+	if (write && st->wsector < 0)
+		st->wsector = sector;
+	else if (!write && st->rsector < 0)
+		st->rsector = sector;
 }
 
 /* The tracepoints: what the tracepoint and kprobe strategies load (tracefs). */
@@ -85,7 +95,8 @@ SEC("tracepoint/block/block_bio_queue")
 int tp_bio_queue(struct trace_event_raw_block_bio *ctx)
 {
 	/* rwbs "W..", "FW..": a write, with a preflush or not */
-	bio_queued((__u64)ctx->nr_sector << 9, ctx->rwbs[0] == 'W' || ctx->rwbs[1] == 'W');
+	bio_queued((__u64)ctx->nr_sector << 9, ctx->rwbs[0] == 'W' || ctx->rwbs[1] == 'W',
+		   ctx->sector);
 	return 0;
 }
 
@@ -137,7 +148,8 @@ int BPF_PROG(btf_bio_queue, struct bio *bio)
 	__u32 opf = BPF_CORE_READ(bio, bi_opf);
 
 	bio_queued(BPF_CORE_READ(bio, bi_iter.bi_size),
-		   (opf & REQ_OP_BITS_MASK) == REQ_OP_WRITE_VALUE);
+		   (opf & REQ_OP_BITS_MASK) == REQ_OP_WRITE_VALUE,
+		   BPF_CORE_READ(bio, bi_iter.bi_sector));
 	return 0;
 }
 

@@ -145,6 +145,7 @@ ATTR_OF_FIELD = {
     "meridian.io.latency_ns": "latency_ns",
     "meridian.io.cached": "cached",
     "meridian.io.io_wait_ns": "io_wait_ns",
+    "meridian.io.sector": "sector",
     "meridian.io.timestamp_ns": "timestamp_ns",
 }
 

@@ -57,7 +57,7 @@ def test_json_lines_are_valid_json_with_every_field(tmp_path: Path) -> None:
     assert set(lines[0]) == {
         "pid", "tid", "comm", "op", "fd", "file", "dev", "ino", "bytes", "bytes_requested",
         "disk_bytes",
-        "latency_ns", "cached", "io_wait_ns", "disk_latency_ns", "disk_requests",
+        "latency_ns", "cached", "io_wait_ns", "disk_latency_ns", "disk_requests", "sector",
         "timestamp_ns", "wall_time",
     }  # fmt: skip
     assert fmt.json_lines(ev[:0]) == ""
@@ -130,6 +130,7 @@ def random_events(n: int, seed: int = 0) -> np.ndarray[Any, Any]:
     ev["disk_bytes"] = np.where(ev["cached"] == 1, 0, ev["bytes"])
     ev["latency_ns"] = rng.integers(0, 1 << 62, n, dtype=np.uint64)
     ev["io_wait_ns"] = rng.integers(0, 10, n)
+    ev["sector"] = np.where(ev["cached"] == 1, -1, rng.integers(0, 1 << 40, n))
     ev["ts_ns"] = 10**12 + np.cumsum(rng.integers(0, 3 * 10**8, n, dtype=np.uint64))
     return ev
 
@@ -156,6 +157,7 @@ def reference(fmt: EventFormatter, e: Any) -> dict[str, Any]:
         "io_wait_ns": int(e["io_wait_ns"]),
         "disk_latency_ns": int(e["disk_latency_ns"]),
         "disk_requests": int(e["disk_requests"]),
+        "sector": int(e["sector"]),
         "timestamp_ns": ts,
         "wall_time": f"{sec}.{wall_ns % 10**9 // 1000:06d}Z",
     }
@@ -220,8 +222,9 @@ def test_text_lines_are_aligned_columns(tmp_path: Path) -> None:
         ref = reference(fmt, e)
         cells = line.split()
         assert line[:15] == ref["wall_time"][11:26]
-        assert int(cells[-8 if len(cells) == 10 else -7]) in (ref["pid"], ref["tid"])
+        assert int(cells[-9 if len(cells) == 11 else -8]) in (ref["pid"], ref["tid"])
         assert cells[-1] == ref["file"]
+        assert cells[-2] == (str(ref["sector"]) if ref["sector"] >= 0 else "-")
         assert line[16:32].rstrip() == ref["comm"]
         assert f" {ref['latency_ns'] / 1e6:9.3f} " in line
         assert (" C " if ref["cached"] else " D ") in line

@@ -4,8 +4,10 @@ of each process (in the events, the aggregates and the exit summary)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -14,9 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from children import patience, reap, wait_attached
+from conftest import LoopDevice
 from io_trace import OPS, drain
 
 from meridian.bpf import hook_exists
+from meridian.tools.io.event_format import EventFormatter
 from meridian.tools.io.kernel import FileIO
 from meridian.tools.io.model import PidSummary, summarize
 from meridian.tools.io.options import Options
@@ -223,6 +227,63 @@ def test_block_requests_attributed_to_the_pid(ext4: Path) -> None:
         assert (on_file["disk_latency_ns"] <= on_file["latency_ns"]).all()
     # Operations that submitted nothing carry no device time.
     assert (events[events["ino"] != ino]["disk_requests"] == 0).all()
+
+
+FS_IOC_FIEMAP = 0xC020660B  # _IOWR('f', 11, struct fiemap)
+FIEMAP_FLAG_SYNC = 1
+FIEMAP_EXTENT_LAST = 1
+
+
+def physical(path: Path, offset: int) -> int:
+    """Where byte `offset` of the file lies on its device, in bytes (FIEMAP)."""
+    n = 32  # extents asked for at once
+    head = struct.Struct("=QQIIII")  # struct fiemap, then n struct fiemap_extent
+    ext = struct.Struct("=QQQQQI12x")  # logical, physical, length, reserved, flags
+    with open(path, "rb") as f:
+        buf = bytearray(head.pack(offset, 1, FIEMAP_FLAG_SYNC, 0, n, 0) + bytes(n * ext.size))
+        fcntl.ioctl(f.fileno(), FS_IOC_FIEMAP, buf)
+    mapped = head.unpack_from(buf)[3]
+    for i in range(mapped):
+        logical, phys, length, _, _, _ = ext.unpack_from(buf, head.size + i * ext.size)
+        if logical <= offset < logical + length:
+            return int(phys) + offset - int(logical)
+    raise AssertionError(f"FIEMAP: byte {offset} of {path} is not mapped")
+
+
+@pytest.mark.parametrize("strategy", ["tracepoint", "tp_btf"])
+def test_block_events_carry_the_files_sectors(
+    ext4: Path, loop_device: LoopDevice, strategy: str
+) -> None:
+    """O_DIRECT reads and writes of 64 KiB at known offsets: each event's `sector` is
+    where FIEMAP puts that offset of the file on the loop device (no partition, so the
+    disk's sector is the file system's), exactly; an operation with no block I/O of its
+    direction has -1. From block_bio_queue: every kernel, both kinds of disk signal
+    (the tracepoint, and tp_btf reading the bio)."""
+    path = ext4 / "direct.bin"
+    dd("if=/dev/urandom", f"of={path}", "bs=1M", "count=1", "conv=fsync")
+    ino = path.stat().st_ino
+    assert path.stat().st_dev == os.stat(loop_device.path).st_rdev  # a whole disk: from 0
+    want = [physical(path, i * 65536) // 512 for i in range(16)]
+    reader = DirectIO(path, "read")
+    try:
+        writer = DirectIO(path, "write")
+    except BaseException:
+        reader.close()
+        raise
+    try:
+        with FileIO(Options(strategy=strategy)) as tool:
+            events = drain(tool, reader.go(), 16)
+            wevents = drain(tool, writer.go(), 16)
+    finally:
+        reader.close()
+        writer.close()
+    for ev, op in ((events, 0), (wevents, 1)):
+        on_file = ev[(ev["ino"] == ino) & (ev["bytes"] > 0) & (ev["op"] == op)]
+        on_file = on_file[np.argsort(on_file["ts_ns"], kind="stable")]  # one thread
+        assert on_file["sector"].tolist() == want, OPS[op]
+        lines = [json.loads(x) for x in EventFormatter().json_lines(on_file).splitlines()]
+        assert [x["sector"] for x in lines] == want
+        assert (ev[(ev["ino"] != ino) | (ev["op"] != op)]["sector"] == -1).all()
 
 
 IO_CMD = [sys.executable, "-m", "meridian", "io"]

@@ -16,7 +16,9 @@ core writes well over a million lines a second:
   per-event pieces dropped in by slice assignment, and one `str.join` makes the chunk.
 
 Record fields this module does not know (added to `struct fileio_event` later) still
-appear in the JSON, as numbers under their own names, before `timestamp_ns`.
+appear in the JSON, as numbers under their own names, before `timestamp_ns`: so do
+`disk_latency_ns`, `disk_requests` and `sector` (the start sector of the operation's
+first bio of its direction, -1 for none; `-` in the text view).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ KNOWN = {"pid", "tid", "comm", "op", "fd", "dev", "ino", "cached", "ts_ns"}
 KNOWN |= {f for f, _ in NUMBERS + AFTER_CACHED}
 TEXT_HEADER = (
     f"{'TIME':<15} {'COMM':<16} {'PID':>7} {'TID':>7} {'OP':<5} {'BYTES':>8} "
-    f"{'LAT(ms)':>9} {'C':<1} {'DISK':>8} {'FILE'}"
+    f"{'LAT(ms)':>9} {'C':<1} {'DISK':>8} {'SECTOR':>12} {'FILE'}"
 )
 _M1, _M2, _M3, _M4 = (
     np.uint64(0x9E3779B97F4A7C15),
@@ -289,7 +291,8 @@ class EventFormatter:
             (ev["latency_ns"] / 1e6).tolist(),
             ["C" if c else "D" for c in ev["cached"].tolist()],
             ev["disk_bytes"].tolist(),
+            [str(x) if x >= 0 else "-" for x in ev["sector"].tolist()],
             files,
         )
-        line = "%-15s %-16s %7d %7d %-5s %8d %9.3f %-1s %8d %s\n"
+        line = "%-15s %-16s %7d %7d %-5s %8d %9.3f %-1s %8d %12s %s\n"
         return "".join(map(line.__mod__, zip(*cols, strict=True)))

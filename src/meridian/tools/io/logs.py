@@ -37,6 +37,7 @@ NUMBER_ATTRS = (
     ("latency_ns", "meridian.io.latency_ns"),
     ("cached", "meridian.io.cached"),
     ("io_wait_ns", "meridian.io.io_wait_ns"),
+    ("sector", "meridian.io.sector"),  # -1: the operation submitted no block I/O
     ("ts_ns", "meridian.io.timestamp_ns"),
 )
 _SPLIT = b',"bytes":'
