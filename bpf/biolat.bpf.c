@@ -37,6 +37,7 @@ struct req_state {
 	__u64 insert_ns;
 	__u64 issue_ns;
 	__u32 pid;
+	__u32 depth;		/* --depth: requests in flight at its issue, itself included */
 	char comm[BIOLAT_COMM_LEN];
 };
 
@@ -62,14 +63,9 @@ static __always_inline bool dev_filtered(__u32 dev)
 }
 
 static __always_inline void hist_add(__u32 dev, enum biolat_op op, enum biolat_kind kind,
-				     __u32 bytes, __u64 slot_value, __u64 sample)
+				     __u32 slot, __u32 bytes, __u64 slot_value, __u64 sample)
 {
-	struct biolat_key key = {
-		.dev = dev,
-		.op = op,
-		.kind = kind,
-		.size_slot = bytes ? (__u32)log2_u64(bytes) : 0,
-	};
+	struct biolat_key key = { .dev = dev, .op = op, .kind = kind, .slot = slot };
 	struct biolat_hist *h = lookup_or_init(&hists, &key, &zero_hist);
 
 	if (!h) {
@@ -81,6 +77,29 @@ static __always_inline void hist_add(__u32 dev, enum biolat_op op, enum biolat_k
 	__sync_fetch_and_add(&h->bytes, bytes);
 	atomic_min(&h->min, sample);
 	atomic_max(&h->max, sample);
+}
+
+static __always_inline __u32 size_slot(__u32 bytes)
+{
+	return bytes ? (__u32)log2_u64(bytes) : 0;
+}
+
+/* A request leaves the device (completed or requeued): one fewer in flight, and the
+ * busy period ends with the last. Its start is read before the decrement, so an issue
+ * on another CPU that starts the next period right after the decrement cannot be
+ * taken for this period's start. The race left: an issue whose 0 -> 1 came before its
+ * busy_since_ns store, completing within those few instructions: its period is lost
+ * (`now > since` keeps the sum from going back). */
+static __always_inline void leave_device(__u32 dev, __u64 now)
+{
+	struct biolat_depth *d = bpf_map_lookup_elem(&depth, &dev);
+	__u64 since;
+
+	if (!d)
+		return;
+	since = *(volatile __u64 *)&d->busy_since_ns;
+	if (__sync_fetch_and_add(&d->inflight, -1) == 1 && now > since)
+		__sync_fetch_and_add(&d->busy_ns, now - since);
 }
 
 /* One completed request of `bytes` into the exact size counts. */
@@ -158,7 +177,7 @@ static __always_inline void issue_req(const struct req_key *k, __u32 dev, enum b
 	if (submitter_at_issue && !st->pid && !st->issue_ns)
 		note_submitter(st);
 	if (targ_queued && st->insert_ns && !st->issue_ns)
-		hist_add(dev, op, BIOLAT_KIND_QUEUE, bytes,
+		hist_add(dev, op, BIOLAT_KIND_QUEUE, size_slot(bytes), bytes,
 			 in_units(now - st->insert_ns, latency_unit_ns), now - st->insert_ns);
 	if (st->issue_ns) {
 		/* Issued again without a completion or requeue we saw: already in flight. */
@@ -172,23 +191,24 @@ static __always_inline void issue_req(const struct req_key *k, __u32 dev, enum b
 	if (!d)
 		return;
 	inflight = __sync_fetch_and_add(&d->inflight, 1) + 1;
+	if (inflight == 1)
+		*(volatile __u64 *)&d->busy_since_ns = now;	/* was idle: busy from now */
 	__sync_fetch_and_add(&d->issued, 1);
-	hist_add(dev, op, BIOLAT_KIND_DEPTH, 0, inflight, inflight);
+	st->depth = inflight;
+	hist_add(dev, op, BIOLAT_KIND_DEPTH, 0, 0, inflight, inflight);
 }
 
 /* Back to the queue after issue: it leaves the device and will be issued again. */
 static __always_inline void requeue_req(const struct req_key *k, __u32 dev)
 {
 	struct req_state *st = bpf_map_lookup_elem(&reqs, k);
-	struct biolat_depth *d;
 
 	if (!st || !st->issue_ns)
 		return;
 	st->issue_ns = 0;
 	COUNT(requeued);
-	d = bpf_map_lookup_elem(&depth, &dev);
-	if (d)
-		__sync_fetch_and_add(&d->inflight, -1);
+	if (track_depth)
+		leave_device(dev, bpf_ktime_get_ns());
 }
 
 /* Account a completion; returns a reserved slow-I/O record for the caller to finish. */
@@ -199,7 +219,6 @@ static __always_inline struct biolat_event *complete_req(const struct req_key *k
 	__u64 now = bpf_ktime_get_ns();
 	struct req_state *st = bpf_map_lookup_elem(&reqs, k);
 	struct biolat_event *ev = NULL;
-	struct biolat_depth *d;
 	__u64 start, lat;
 
 	if (!st || !st->issue_ns) {
@@ -210,12 +229,13 @@ static __always_inline struct biolat_event *complete_req(const struct req_key *k
 	}
 	start = targ_queued && st->insert_ns ? st->insert_ns : st->issue_ns;
 	lat = now - start;
-	hist_add(dev, op, BIOLAT_KIND_LATENCY, bytes, in_units(lat, latency_unit_ns), lat);
+	hist_add(dev, op, BIOLAT_KIND_LATENCY, size_slot(bytes), bytes,
+		 in_units(lat, latency_unit_ns), lat);
 	size_add(dev, op, bytes);
-	if (track_depth) {
-		d = bpf_map_lookup_elem(&depth, &dev);
-		if (d)
-			__sync_fetch_and_add(&d->inflight, -1);
+	if (track_depth && st->depth) {
+		hist_add(dev, op, BIOLAT_KIND_LATENCY_AT_DEPTH, (__u32)log2_u64(st->depth), bytes,
+			 in_units(lat, latency_unit_ns), lat);
+		leave_device(dev, now);
 	}
 
 	if (slow_on && lat >= slow_ns) {

@@ -23,15 +23,16 @@ enum biolat_kind {
 	BIOLAT_KIND_LATENCY,	/* issue (or insert, with -Q) to completion */
 	BIOLAT_KIND_QUEUE,	/* insert to issue: time spent queued in the block layer */
 	BIOLAT_KIND_DEPTH,	/* requests in flight on the device, sampled at each issue */
+	BIOLAT_KIND_LATENCY_AT_DEPTH,	/* the latency again, by the depth at its issue */
 };
 
-/* Histogram key: one histogram per device, operation, kind and request size slot.
- * Every view (per device, per op, size histogram, latency by size) is a sum over it. */
+/* Histogram key: one histogram per device, operation, kind and slot. Every view (per
+ * device, per op, size histogram, latency by size or by depth) is a sum over it. */
 struct biolat_key {
 	__u32 dev;		/* kernel dev_t: major << 20 | minor */
 	enum biolat_op op;
 	enum biolat_kind kind;
-	__u32 size_slot;	/* log2(bytes) */
+	__u32 slot;		/* log2(bytes); for BIOLAT_KIND_LATENCY_AT_DEPTH log2(depth) */
 };
 
 struct biolat_hist {
@@ -50,10 +51,14 @@ struct biolat_size_key {
 	__u32 bytes;
 };
 
-/* Per-device requests in flight (issued, not completed), as seen since attach. */
+/* Per-device requests in flight (issued, not completed), as seen since attach, and the
+ * time with at least one in flight (iostat's %util, /proc/diskstats io_ticks): busy_ns
+ * of the busy periods ended, and the start of the one going on, if inflight > 0. */
 struct biolat_depth {
 	__s64 inflight;
 	__u64 issued;
+	__u64 busy_ns;
+	__u64 busy_since_ns;
 };
 
 /* Everything the tool drops or cannot match, counted per CPU, never silently. */

@@ -133,7 +133,7 @@ def test_exact_counts_sizes_slow_events_and_depth(loop_device: LoopDevice, strat
 
     # Exercise 4: each request saw itself in flight; nothing left in flight after but
     # the completion unseen, if any.
-    depth = depth_rows(snap)[loop_device.dev]
+    depth = depth_rows(snap, opts)[loop_device.dev]
     assert depth["hist"].total == READS + WRITES  # every issue was seen
     assert depth["max"] == 1  # one synchronous dd at a time: each request alone
     assert depth["hist"].percentile(0.5) == depth["hist"].percentile(0.99) == 1

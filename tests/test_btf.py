@@ -66,7 +66,7 @@ def test_biolat_records_decode_from_the_object_btf() -> None:
             ev.names or ()
         )
         assert ev["comm"] == np.dtype("S16")
-        assert obj.maps["hists"].key_dtype.names == ("dev", "op", "kind", "size_slot")
+        assert obj.maps["hists"].key_dtype.names == ("dev", "op", "kind", "slot")
         assert obj.maps["hists"].value_dtype["buckets"].shape == (464,)  # BIOLAT_BUCKETS
         assert obj.maps["sizes"].key_dtype.names == ("dev", "op", "bytes")
         assert obj.btf.enum("biolat_op")["BIOLAT_OP_WRITE"] == 1

@@ -22,6 +22,7 @@ __all__ = [
     "parse_stat",
     "proc_start",
     "proc_stat",
+    "queue_limits",
     "start_environment",
     "start_wall_ns",
     "thread_slots",
@@ -67,6 +68,30 @@ def device_name(dev: int, sys_root: str | Path = "/sys") -> str:
     except OSError:
         pass
     return mm
+
+
+def queue_limits(dev: int, sys_root: str | Path = "/sys") -> dict[str, int]:
+    """What the disk's queue can hold, from sysfs (a partition's is its disk's): the
+    block layer's `nr_requests` and the hardware's depth, each per hardware queue
+    (`device/queue_depth` for SCSI and SATA, else the tags of the first hardware queue),
+    and the number of hardware queues. Only what sysfs has."""
+    base = Path(sys_root) / "dev" / "block" / f"{dev_major(dev)}:{dev_minor(dev)}"
+    if not (base / "queue").is_dir():
+        base = base / ".."  # a partition: /sys/dev/block/8:1/.. is sda
+    out: dict[str, int] = {}
+    hctxs = sorted(base.glob("mq/*/nr_tags"))
+    for name, path in (
+        ("nr_requests", base / "queue" / "nr_requests"),
+        ("hw_queue_depth", base / "device" / "queue_depth"),
+        ("hw_queue_depth", hctxs[0] if hctxs else None),
+    ):
+        if path is None or name in out:
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            out[name] = int(path.read_text())
+    if hctxs:
+        out["hw_queues"] = len(hctxs)
+    return out
 
 
 def parse_device(text: str, sys_root: str | Path = "/sys") -> int:

@@ -82,7 +82,7 @@ class Biolat(Session):
         assert self.obj is not None
         keys, vals = self.obj.maps["hists"].items()
         cells = {
-            (int(k["dev"]), int(k["op"]), int(k["kind"]), int(k["size_slot"])): Cell(
+            (int(k["dev"]), int(k["op"]), int(k["kind"]), int(k["slot"])): Cell(
                 v["buckets"].astype(np.uint64),
                 sum_ns=int(v["sum"]),
                 max_ns=int(v["max"]),
@@ -91,15 +91,23 @@ class Biolat(Session):
             )
             for k, v in zip(keys, vals, strict=True)
         }
+        # right after the histograms: a request completed between the two reads is in
+        # one and not in the other
+        dkeys, dvals = self.obj.maps["depth"].items()
+        now_ns = time.monotonic_ns()  # bpf_ktime_get_ns()'s clock
+        inflight, busy = {}, {}
+        for k, v in zip(dkeys, dvals, strict=True):
+            inflight[int(k)] = n = int(v["inflight"])
+            since = int(v["busy_since_ns"])
+            # the busy period going on counts up to now
+            busy[int(k)] = int(v["busy_ns"]) + (now_ns - since if n > 0 and now_ns > since else 0)
         sizes: dict[tuple[int, int], dict[int, int]] = {}
         skeys, svals = self.obj.maps["sizes"].items()
         for k, n in zip(skeys, svals, strict=True):
             sizes.setdefault((int(k["dev"]), int(k["op"])), {})[int(k["bytes"])] = int(n)
-        dkeys, dvals = self.obj.maps["depth"].items()
-        inflight = {int(k): int(v["inflight"]) for k, v in zip(dkeys, dvals, strict=True)}
         return Snapshot(
-            time.monotonic(), cells, inflight, self.counters(), sizes=sizes,
-            unit_ns=self.opts.unit_ns,
+            now_ns / 1e9, cells, inflight, self.counters(), sizes=sizes,
+            unit_ns=self.opts.unit_ns, busy_ns=busy,
         )  # fmt: skip
 
     def events(self, timeout: float) -> np.ndarray[Any, Any]:

@@ -62,7 +62,9 @@ def series(snap: Snapshot, opts: Options) -> list[Family]:
 def depth_series(snap: Snapshot, opts: Options) -> list[Family]:
     """With --depth (exercise 4): the requests in flight on each disk at each issue, as
     a log2 histogram of counts (scale 1: the bounds are requests, not seconds), and
-    those in flight now (issued since attach, not completed)."""
+    those in flight now (issued since attach, not completed); the time with a request
+    in flight (the semantic conventions' system.disk.io_time, iostat's %util over an
+    interval); the queue's size; the latency by the depth at issue."""
     if not opts.depth:
         return []
     depth = Family(
@@ -77,8 +79,30 @@ def depth_series(snap: Snapshot, opts: Options) -> list[Family]:
         "{request}",
         "Requests issued since attach and not completed yet",
     )
-    for dev, info in depth_rows(snap).items():
+    io_time = Family("system.disk.io_time", "counter", "s", "Time the disk had a request in flight")
+    limit = Family(
+        "meridian.biolat.queue.limit",
+        "gauge",
+        "{request}",
+        "What the disk's queue holds per hardware queue (sysfs): nr_requests, hardware",
+    )
+    at_depth = duration_family(
+        "meridian.biolat.operation.duration_by_depth",
+        "Block request latency by the requests in flight at its issue (log2 ranges)",
+    )
+    for dev, info in depth_rows(snap, opts).items():
         a = {"system.device": disk_name(dev)}
         depth.points.append(HistPoint(a, info["hist"].slots, 1.0, info["sum"], info["max"]))
         inflight.points.append(Point(a, info["inflight"]))
-    return [depth, inflight]
+        io_time.points.append(Point(a, info["busy_ns"] / 1e9))
+        for name in ("nr_requests", "hw_queue_depth"):
+            if name in info:
+                limit.points.append(Point({**a, "limit": name}, info[name]))
+        for d in info["latency_by_depth"]:
+            low, high = d.depths
+            da = {**a, "meridian.biolat.depth": f"{low}" if low == high else f"{low}-{high}"}
+            scale = opts.unit_ns * 1e-9
+            at_depth.points.append(
+                HistPoint(da, d.hist.slots, scale, d.sum_ns / 1e9, d.max_ns / 1e9)
+            )
+    return [depth, inflight, io_time, limit, at_depth]

@@ -1,7 +1,8 @@
-"""biolat's model: histograms keyed by (device, op, kind, size slot), kind latency,
-queue time or queue depth, and the exact request sizes per (device, op); every view is
-a sum over them. Intervals are differences of two snapshots, so no sample is lost to a
-read-then-clear race."""
+"""biolat's model: histograms keyed by (device, op, kind, slot), kind latency (slot:
+the request's size), queue time, queue depth, or latency again by the depth at issue
+(slot: the depth's), the exact request sizes per (device, op), and each device's busy
+time; every view is a sum over them. Intervals are differences of two snapshots, so
+no sample is lost to a read-then-clear race."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ __all__ = [
     "INFO_COUNTERS",
     "KIND_DEPTH",
     "KIND_LATENCY",
+    "KIND_LATENCY_AT_DEPTH",
     "KIND_QUEUE",
     "OPS",
+    "DepthLatency",
     "Groups",
     "Key",
     "Options",
@@ -35,7 +38,7 @@ __all__ = [
 ]
 
 OPS = ("read", "write", "discard", "flush", "other")  # enum biolat_op
-KIND_LATENCY, KIND_QUEUE, KIND_DEPTH = 0, 1, 2  # enum biolat_kind
+KIND_LATENCY, KIND_QUEUE, KIND_DEPTH, KIND_LATENCY_AT_DEPTH = 0, 1, 2, 3  # enum biolat_kind
 INFO_COUNTERS = frozenset({"requeued"})  # counted and shown, but nothing was lost
 
 
@@ -56,7 +59,7 @@ class Options(ReportOptions):
         return 1_000_000 if self.millis else 1000
 
 
-Key = tuple[int, int, int, int]  # dev, op, kind, size slot
+Key = tuple[int, int, int, int]  # dev, op, kind, slot (of the size, or of the depth)
 SizeKey = tuple[int, int]  # dev, op
 
 
@@ -69,6 +72,7 @@ class Snapshot:
     seconds: float = 0.0
     sizes: dict[SizeKey, dict[int, int]] = field(default_factory=dict)  # bytes: requests
     unit_ns: int = 1000  # of the latency and queue histograms
+    busy_ns: dict[int, int] = field(default_factory=dict)  # dev: time with a request in flight
 
     def since(self, prev: Snapshot) -> Snapshot:
         """What happened between `prev` and this snapshot."""
@@ -85,14 +89,16 @@ class Snapshot:
             diff = {b: n - old.get(b, 0) for b, n in counts.items() if n - old.get(b, 0)}
             if diff:
                 sizes[sk] = diff
+        busy = {d: ns - prev.busy_ns.get(d, 0) for d, ns in self.busy_ns.items()}
         return Snapshot(
-            self.t, cells, dict(self.inflight), counters, self.t - prev.t, sizes, self.unit_ns
-        )
+            self.t, cells, dict(self.inflight), counters, self.t - prev.t, sizes, self.unit_ns,
+            busy,
+        )  # fmt: skip
 
 
 # ---- sums over the cells -------------------------------------------------------------
 
-Groups = dict[tuple[int | None, int], list[tuple[int, Cell]]]  # (dev, op): (size slot, cell)
+Groups = dict[tuple[int | None, int], list[tuple[int, Cell]]]  # (dev, op): (slot, cell)
 
 
 def group(snap: Snapshot, kind: int, per_disk: bool) -> Groups:
@@ -180,21 +186,65 @@ def device_rows(snap: Snapshot, opts: Options) -> list[Row]:
     return rows
 
 
-def depth_rows(snap: Snapshot) -> dict[int, dict[str, Any]]:
-    """Exercise 4: requests in flight per device at each issue, and now."""
+def depth_rows(snap: Snapshot, opts: Options) -> dict[int, dict[str, Any]]:
+    """Exercise 4: per device, the requests in flight at each issue and now, against
+    what its queue can hold; its utilization (the share of the interval with a request
+    in flight, as iostat's %util); and the latency by the depth at issue (log2 slots of
+    the depth, every op)."""
     by_dev: dict[int, list[Cell]] = defaultdict(list)
-    for (dev, _op, kind, _slot), cell in snap.cells.items():
+    at_depth: dict[int, dict[int, list[Cell]]] = defaultdict(lambda: defaultdict(list))
+    for (dev, _op, kind, slot), cell in snap.cells.items():
         if kind == KIND_DEPTH:
             by_dev[dev].append(cell)
+        elif kind == KIND_LATENCY_AT_DEPTH:
+            at_depth[dev][slot].append(cell)
     out = {}
     for dev, cells in sorted(by_dev.items()):
         h = Hist.merge((c.hist("depth", 1) for c in cells), 32, "depth")
         n, total = h.total, sum(c.sum_ns for c in cells)  # depths, not ns: unit_ns 1
+        busy = snap.busy_ns.get(dev, 0)
         out[dev] = {
             "inflight": snap.inflight.get(dev, 0),
             "max": max(c.max_ns for c in cells),
             "sum": total,
             "avg": round(total / n, 3) if n else 0.0,
             "hist": h,
+            "busy_ns": busy,
+            "utilization": round(busy / 1e9 / snap.seconds, 4) if snap.seconds else None,
+            **proc.queue_limits(dev),
+            "latency_by_depth": [
+                depth_latency(slot, at, opts) for slot, at in sorted(at_depth[dev].items())
+            ],
         }
     return out
+
+
+def depth_latency(slot: int, cells: list[Cell], opts: Options) -> DepthLatency:
+    hist = merged([(slot, c) for c in cells], opts.unit, opts.unit_ns)
+    return DepthLatency(slot, hist, sum(c.sum_ns for c in cells), max(c.max_ns for c in cells))
+
+
+@dataclass
+class DepthLatency:
+    """The requests issued at depths of one log2 slot: their latency."""
+
+    slot: int
+    hist: Hist
+    sum_ns: int
+    max_ns: int
+
+    @property
+    def depths(self) -> tuple[int, int]:
+        """The depths of the slot, both included: (1, 1), (2, 3), (4, 7) ..."""
+        return 1 << self.slot, (2 << self.slot) - 1
+
+    def as_dict(self) -> dict[str, Any]:
+        n = self.hist.total
+        return {
+            "depth_low": self.depths[0],
+            "depth_high": self.depths[1],
+            "count": n,
+            "latency_avg_ns": self.sum_ns // n if n else 0,
+            "latency_max_ns": self.max_ns,
+            "latency": self.hist.to_json(),
+        }

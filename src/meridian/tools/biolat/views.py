@@ -56,8 +56,13 @@ def report_json(snap: Snapshot, opts: Options) -> dict[str, Any]:
         devices.append(d)
     out["devices"] = devices
     out["depth"] = [
-        {"disk": disk_name(dev), **info, "hist": info["hist"].to_json()}
-        for dev, info in depth_rows(snap).items()
+        {
+            "disk": disk_name(dev),
+            **info,
+            "hist": info["hist"].to_json(),
+            "latency_by_depth": [d.as_dict() for d in info["latency_by_depth"]],
+        }
+        for dev, info in depth_rows(snap, opts).items()
     ]
     out["lost"] = {k: v for k, v in snap.counters.items() if k not in INFO_COUNTERS}
     out["requeued"] = snap.counters.get("requeued", 0)
@@ -93,13 +98,7 @@ def report_text(snap: Snapshot, opts: Options, out: TextIO) -> None:
     if opts.sizes:
         _sizes_text(snap, groups, opts, out)
     if opts.depth:
-        for dev, info in depth_rows(snap).items():
-            print(
-                f"\ndisk = {_disk(dev)}, queue depth at issue "
-                f"(now {info['inflight']}, max {info['max']}, avg {info['avg']})",
-                file=out,
-            )
-            print(info["hist"].render("depth"), file=out)
+        _depth_text(snap, opts, out)
     _stats_text(snap, opts, out)
     lost = {k: v for k, v in snap.counters.items() if v and k not in INFO_COUNTERS}
     if lost:
@@ -145,6 +144,50 @@ def _sizes_text(snap: Snapshot, groups: Groups, opts: Options, out: TextIO) -> N
             )
         u = "ms" if opts.millis else "us"
         print_table(["SIZE>=", "COUNT", f"AVG({u})", f"P50({u})", f"P99({u})"], rows, out)
+
+
+def _depth_text(snap: Snapshot, opts: Options, out: TextIO) -> None:
+    """Per disk: the depth at each issue, against the queue's size; the utilization;
+    the latency by the depth at issue."""
+    u = "ms" if opts.millis else "us"
+    for dev, info in depth_rows(snap, opts).items():
+        print(
+            f"\ndisk = {_disk(dev)}, queue depth at issue "
+            f"(now {info['inflight']}, max {info['max']}, avg {info['avg']})",
+            file=out,
+        )
+        print(info["hist"].render("depth"), file=out)
+        util = info["utilization"]
+        busy = "-" if util is None else f"{100 * util:.1f}%"
+        print(f"utilization {busy} (time with a request in flight){_limits(info)}", file=out)
+        rows = [
+            [
+                f"{d.depths[0]}" if d.depths[0] == d.depths[1] else f"{d.depths[0]}-{d.depths[1]}",
+                str(d.hist.total),
+                f"{d.sum_ns / d.hist.total / opts.unit_ns:.1f}",
+                f"{d.hist.percentile(0.5):.0f}",
+                f"{d.hist.percentile(0.99):.0f}",
+                f"{d.max_ns / opts.unit_ns:.1f}",
+            ]
+            for d in info["latency_by_depth"]
+            if d.hist.total
+        ]
+        if rows:
+            print("latency by queue depth at issue:", file=out)
+            print_table(
+                ["DEPTH", "COUNT", f"AVG({u})", f"P50({u})", f"P99({u})", f"MAX({u})"], rows, out
+            )
+
+
+def _limits(info: dict[str, Any]) -> str:
+    """What the queue can hold, as sysfs says: ', of nr_requests 128, hardware 1 x 128'."""
+    parts = []
+    if "nr_requests" in info:
+        parts.append(f"nr_requests {info['nr_requests']}")
+    if "hw_queue_depth" in info:
+        queues = info.get("hw_queues", 1)
+        parts.append(f"hardware queue depth {queues} x {info['hw_queue_depth']}")
+    return f"; queue size: {', '.join(parts)}" if parts else ""
 
 
 def _stats_text(snap: Snapshot, opts: Options, out: TextIO) -> None:
