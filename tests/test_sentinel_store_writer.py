@@ -18,7 +18,9 @@ from meridian.tools.sentinel.storage import TABLES, ChdbBackend
 pytest.importorskip("chdb", reason="chDB is not installed (pip install chdb)")
 
 
+# any free port for /metrics: the default 9102 may be taken (another agent, a test before)
 AGENT = [sys.executable, "-m", "meridian", "sentinel", "--perf-mock", "--mock-period-ms", "20"]
+AGENT += ["--prometheus", "127.0.0.1:0"]
 
 
 def run_agent(*args: str) -> dict[str, Any]:
