@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
 /* meridian memlat: page-fault handling latency, as log2 histograms per minor/major fault
  * (and per process with -P), matched per thread (the thread half of the seed's
- * pid_tgid key, as an array slot).
+ * pid_tgid key, as an array slot). Two start points (--from), one set of ends.
  *
- * What a fault is, the same under every strategy: a page-fault exception taken by a
- * traced thread (exceptions:page_fault_user/kernel), timed from the trap to the end of
+ * --from exception (the default): a fault is a page-fault exception taken by a traced
+ * thread (exceptions:page_fault_user/kernel), timed from the trap to the end of
  * handle_mm_fault(). It finishes when mm_account_fault() counts it as minor or major
  * (as getrusage's ru_minflt/ru_majflt and the perf events page-faults-min/maj do),
  * after any VM_FAULT_RETRY. Every other end is `failed`: no VMA or no access (SIGSEGV,
@@ -26,6 +26,24 @@
  *   tp_btf/tp + perf: perf_event programs on the software events page-faults-min and
  *               page-faults-maj, which mm_account_fault() emits in the faulting thread
  *               once per accounted fault.
+ *
+ * --from handle_mm_fault (the seed's Delta t): a fault is a call of handle_mm_fault()
+ * by a traced thread, whoever the caller (the exception, get_user_pages() for read(),
+ * process_vm_readv(), ptrace...: every call mm_account_fault() counts in the caller's
+ * ru_minflt/ru_majflt), timed from its entry to its return, which ends it as the fexit
+ * path above does (ret and flags: minor, major, failed). A VM_FAULT_RETRY return is
+ * no end: the caller calls again for the same address (FAULT_FLAG_TRIED, or after a
+ * per-VMA-lock attempt), and the fault ends at that call's return, timed from the
+ * first entry; a next call for another address means the retry was given up: failed.
+ * A call that starts while the thread is inside handle_mm_fault already (a fault taken
+ * within a fault handler; no kernel path does it on purpose, as the mmap lock is held)
+ * is `nested`: not timed on its own, its time is part of the outer fault's, whose
+ * return alone ends a fault. Strategies: hmf_fentry (fentry/fexit) and hmf_kprobe
+ * (kprobe/kretprobe). A kretprobe can be missed (more threads inside handle_mm_fault
+ * than its instances): a kprobe entry whose stack pointer is not below the open call's
+ * is no nested call but the next call after a missed return, whose fault is counted
+ * failed (as the kprobe strategy above counts it at the thread's next fault).
+ *
  * The slots are global, not per CPU: a major fault sleeps on I/O and may finish on
  * another CPU.
  */
@@ -35,6 +53,7 @@
 #include <bpf/bpf_core_read.h>
 #include "bits.bpf.h"
 #include "maps.bpf.h"
+#include "pidset.bpf.h"
 #include "memlat.h"
 
 #define VM_FAULT_MAJOR_BIT 0x0004
@@ -45,7 +64,7 @@
 const volatile __u64 latency_unit_ns = 1000;	/* slots of usecs (1 with --ns) */
 const volatile __u64 tail_ns = 8000;		/* the tail threshold */
 const volatile bool per_process = false;	/* -P */
-const volatile __u32 filter_pid = 0;		/* -p: thread group id, 0 = all */
+const volatile bool filter_pid = false;		/* -p: only the processes in `pids` */
 
 /* Each thread's fault in progress, in its slot (THREAD_SLOTS). The slot keeps the tid
  * it belongs to; a thread whose fault starts where another's tid is takes the slot over
@@ -55,6 +74,10 @@ HIST_MAP_DEF(hists, BPF_MAP_TYPE_PERCPU_HASH, struct memlat_key, struct memlat_h
 /* Without -P: one histogram per kind, indexed by enum memlat_kind (no hashing). */
 MAP_DEF(totals, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct memlat_hist, 2);
 MAP_DEF(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct memlat_counters, 1);
+/* -p: the thread group ids traced, written before attach (sized by user space); its
+ * change count is 0 (pidset.bpf.h). */
+MAP_DEF(pids, BPF_MAP_TYPE_HASH, __u32, __u8, 1);
+PID_MEMO_DEF(pid_memo);
 
 static const struct memlat_hist zero_hist;
 
@@ -63,7 +86,7 @@ static const struct memlat_hist zero_hist;
 /* Is the thread `id` (pid_tgid) traced (-p)? */
 static __always_inline bool traced(__u64 id)
 {
-	return !filter_pid || (__u32)(id >> 32) == filter_pid;
+	return !filter_pid || pid_in_set(&pid_memo, &pids, id >> 32, 0);
 }
 
 /* The slot of thread `tid`, whichever thread holds it. */
@@ -180,6 +203,7 @@ static __always_inline void thread_exit(__u32 tid)
 		COUNT(failed);
 	st->ts_ns = 0;
 	st->in_call = 0;
+	st->sp = 0;
 }
 
 SEC("tp_btf/sched_process_exit")
@@ -284,6 +308,110 @@ int BPF_KRETPROBE(kretprobe_fault, vm_fault_t ret)
 		return 0;	/* get_user_pages(), or not traced */
 	st->in_call = 0;
 	fault_return(st, id, ret, st->flags);
+	return 0;
+}
+
+/* ---- --from handle_mm_fault: entry and return of every call ---------------------- */
+
+#define NESTED_MAX 8	/* in_call's bound (a deeper nesting than 2 is not seen) */
+
+/* handle_mm_fault(address, flags) entered by this thread. `sp`: the stack pointer at
+ * the entry (kprobe), 0 where entries and returns always pair (fentry/fexit). */
+static __always_inline void hmf_entry(__u64 address, __u32 flags, __u64 sp)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct memlat_start *st;
+	__u64 page = address >> 12;
+
+	if (!traced(id))
+		return;
+	st = slot_of(id);
+	if (!st)
+		return;
+	if (st->tid != (__u32)id) {
+		/* Another thread's slot (tids equal modulo the array size): take it. */
+		if (st->ts_ns)
+			COUNT(evicted);
+		st->tid = id;
+		st->ts_ns = 0;
+		st->in_call = 0;
+	}
+	if (st->in_call) {
+		if (!sp || sp < st->sp) {
+			/* Within the open call: part of its time, no fault of its own. */
+			COUNT(nested);
+			if (st->in_call < NESTED_MAX)
+				st->in_call++;
+			return;
+		}
+		/* Not below the open call on the stack: that call's kretprobe was missed. */
+		if (st->ts_ns)
+			COUNT(failed);
+		st->ts_ns = 0;
+		st->in_call = 0;
+	}
+	if (st->ts_ns && st->address != page) {
+		/* A retried fault whose caller gave up (another address now): failed. */
+		COUNT(failed);
+		st->ts_ns = 0;
+	}
+	if (!st->ts_ns)
+		st->ts_ns = bpf_ktime_get_ns();	/* else the retry: timed from the first */
+	st->address = page;
+	st->sp = sp;
+	st->flags = flags;
+	st->in_call = 1;
+}
+
+/* handle_mm_fault() returned `ret` to this thread: the end of the outermost call ends
+ * its fault (or not, on VM_FAULT_RETRY) as the exception path's fexit does. */
+static __always_inline void hmf_return(__u32 ret, __u32 flags, bool have_flags)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct memlat_start *st;
+
+	if (!traced(id))
+		return;
+	st = slot_of(id);
+	if (!st || st->tid != (__u32)id || !st->in_call) {
+		COUNT(unmatched);	/* a call in flight at attach */
+		return;
+	}
+	st->in_call--;
+	if (st->in_call)
+		return;	/* a nested call's return (counted at its entry) */
+	fault_return(st, id, ret, have_flags ? flags : st->flags);
+}
+
+SEC("fentry/handle_mm_fault")
+int BPF_PROG(fentry_hmf, struct vm_area_struct *vma, unsigned long address, unsigned int flags)
+{
+	hmf_entry(address, flags, 0);
+	return 0;
+}
+
+SEC("fexit/handle_mm_fault")
+int BPF_PROG(fexit_hmf, struct vm_area_struct *vma, unsigned long address, unsigned int flags,
+	     struct pt_regs *regs, vm_fault_t ret)
+{
+	hmf_return(ret, flags, true);
+	return 0;
+}
+
+SEC("kprobe/handle_mm_fault")
+int BPF_KPROBE(kprobe_hmf, struct vm_area_struct *vma, unsigned long address,
+	       unsigned int flags)
+{
+	__u64 sp = PT_REGS_SP(ctx);
+
+	hmf_entry(address, flags, sp ? sp : 1);
+	return 0;
+}
+
+SEC("kretprobe/handle_mm_fault")
+int BPF_KRETPROBE(kretprobe_hmf, vm_fault_t ret)
+{
+	hmf_return(ret, 0, false);
 	return 0;
 }
 

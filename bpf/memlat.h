@@ -33,11 +33,17 @@ struct memlat_hist {
 
 /* A thread's fault in progress (ts_ns 0 between faults), in the slot tid % size. */
 struct memlat_start {
-	__u64 ts_ns;	/* the page-fault exception's time */
+	__u64 ts_ns;	/* the fault's start: the page-fault exception, or (--from
+			 * handle_mm_fault) the entry of its first handle_mm_fault call */
+	__u64 address;	/* --from handle_mm_fault: the page number (address >> 12) of
+			 * the fault, to tell its retry from a new fault */
+	__u64 sp;	/* --from handle_mm_fault, kprobe: the stack pointer at the entry
+			 * of the open call (a nested call's is below it) */
 	__u32 tid;	/* the thread the slot belongs to */
-	__u16 flags;	/* kprobe path: handle_mm_fault's flags at its last call, low 16
-			 * bits (only FAULT_FLAG_TRIED, 0x20, is read) */
-	__u16 in_call;	/* kprobe path: in handle_mm_fault called for an exception */
+	__u16 flags;	/* kprobe paths: handle_mm_fault's flags at its last (outermost)
+			 * call, low 16 bits (only FAULT_FLAG_TRIED, 0x20, is read) */
+	__u16 in_call;	/* kprobe path: in handle_mm_fault called for an exception;
+			 * --from handle_mm_fault: the calls open (1, more when nested) */
 };
 
 /* Every fault the histograms do not hold, counted per CPU, never silently. Faults
@@ -54,6 +60,9 @@ struct memlat_counters {
 	__u64 evicted;		/* open faults whose slot another thread took (tids equal
 				 * modulo the slot array's size; never when it is pid_max) */
 	__u64 hists_full;	/* samples not counted: histogram map full */
+	__u64 nested;		/* --from handle_mm_fault: calls entered while the thread was
+				 * inside handle_mm_fault already (part of the outer call's
+				 * time, not timed on their own) */
 };
 
 #endif

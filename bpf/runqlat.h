@@ -35,6 +35,7 @@ struct runqlat_counters {
 	__u64 enqueued;		/* wake-ups and preemptions recorded */
 	__u64 matched;		/* of those, switched in: the histogram total */
 	__u64 hists_full;	/* samples not counted: histogram map full */
+	__u64 pids_full;	/* tracepoints with -p: new threads not followed, set full */
 };
 
 #endif

@@ -8,7 +8,10 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,13 +23,24 @@ from meridian.errors import NotSupported
 from meridian.hist import slot_of
 from meridian.tools.memlat import STRATEGIES, Memlat, Options
 from meridian.tools.memlat.cli import run_options
+from meridian.tools.memlat.kernel import FROM_EXCEPTION, FROM_HANDLE_MM_FAULT, start_of
 from meridian.tools.memlat.model import KINDS, Snapshot
 from meridian.tools.memlat.validate import page_toucher, run_toucher, validate
 from meridian.tools.memlat.views import report_json
 
 pytestmark = pytest.mark.kernel
 PAGES = (64 << 20) // 4096  # 16,384
+# Both start points (--from): the tests whose faults are all exceptions that finish
 EVERY_STRATEGY = every(STRATEGIES)
+# --from exception only: the tests of faults that fail before handle_mm_fault (no VMA),
+# which --from handle_mm_fault does not see at all
+FROM_EXCEPTION_STRATEGIES = every(FROM_EXCEPTION)
+
+
+def options(strategy: str | None = None, **kw: Any) -> Options:
+    """Options that force `strategy` with the start point (--from) it times from."""
+    start = start_of(strategy) if strategy else None
+    return Options(strategy=strategy, start=start or "exception", **kw)
 
 
 @pytest.mark.parametrize("strategy", ["tp_btf+perf", "tracepoint+perf"])
@@ -61,7 +75,7 @@ def test_faults_of_a_page_toucher_are_attributed_to_its_pid(strategy: str) -> No
 
 def test_pid_filter_in_the_kernel_and_nanosecond_slots() -> None:
     with page_toucher(64) as child:
-        opts = Options(pid=child.pid, ns=True)
+        opts = Options(pids=[child.pid], ns=True)
         with Memlat(opts) as tool:
             before = tool.snapshot()
             result = run_toucher(child)
@@ -88,7 +102,8 @@ def test_json_report_of_a_timed_run() -> None:
     assert len(lines) == 1
     rep = lines[0]
     assert rep["unit"] == "usecs" and rep["strategy"] in {s.name for s in STRATEGIES}
-    assert set(rep["lost"]) == {"failed", "unmatched", "evicted", "hists_full"}
+    assert set(rep["lost"]) == {"failed", "unmatched", "evicted", "hists_full", "nested"}
+    assert rep["from"] == "exception"
 
 
 def test_validate_passes_here() -> None:
@@ -107,12 +122,19 @@ def test_strategy_choice_and_every_program_compiled() -> None:
 
     # The choice equals the first strategy the independent facts (bpftool, tracefs) grant.
     assert Memlat(Options()).strategy.name == expected_strategy(STRATEGIES)
+    assert Memlat(Options()).strategy.name == expected_strategy(FROM_EXCEPTION)
     for s in STRATEGIES:
         if all(features()[f] for f in s.needs):
-            assert Memlat(Options(strategy=s.name)).strategy.name == s.name
+            assert Memlat(options(s.name)).strategy.name == s.name
         else:
             with pytest.raises(NotSupported):
-                Memlat(Options(strategy=s.name))
+                Memlat(options(s.name))
+    hmf = Options(start="handle_mm_fault")
+    if any(all(features()[f] for f in s.needs) for s in FROM_HANDLE_MM_FAULT):
+        assert Memlat(hmf).strategy.name == expected_strategy(FROM_HANDLE_MM_FAULT)
+    else:
+        with pytest.raises(NotSupported, match="run without --from"):
+            Memlat(hmf)
 
 
 def faults_of(
@@ -130,7 +152,7 @@ def faults_of(
     try:
         assert child.stdin is not None and child.stdout is not None
         assert child.stdout.readline().strip() == "ready"
-        with Memlat(Options(pid=child.pid, ns=ns, strategy=strategy)) as tool:
+        with Memlat(options(strategy, pids=[child.pid], ns=ns)) as tool:
             before = tool.snapshot()
             child.stdin.write("go\n")
             child.stdin.flush()
@@ -192,7 +214,7 @@ sys.stdin.readline()
 """
 
 
-@pytest.mark.parametrize("strategy", EVERY_STRATEGY)
+@pytest.mark.parametrize("strategy", FROM_EXCEPTION_STRATEGIES)
 def test_failed_faults_are_counted_exactly(strategy: str) -> None:
     """Each failed fault is counted once, under every strategy: at the error return
     (fexit, kretprobe: the VM_FAULT_SIGBUS ones) or when the thread's next fault
@@ -247,7 +269,9 @@ def test_major_faults_that_sleep_on_the_disk_are_measured(ext4: Path, strategy: 
     """Faults that wait for I/O (and may resume on another CPU) are matched by thread:
     the major histogram holds exactly the child's own count of major faults, under
     every strategy. The file is on ext4 on a loop device (a /tmp on tmpfs, as in the
-    kernel matrix's guests, has no disk to drop its pages to)."""
+    kernel matrix's guests, has no disk to drop its pages to). With --from
+    handle_mm_fault a fault whose first call returned VM_FAULT_RETRY (the I/O waited
+    for with the mmap lock dropped) ends at its retry's return, once."""
     run_or_skip(STRATEGIES, strategy)
     data = ext4 / "data.bin"
     data.write_bytes(os.urandom(MAJOR_PAGES * 4096))
@@ -292,7 +316,7 @@ sys.stdin.readline()
 """
 
 
-@pytest.mark.parametrize("strategy", EVERY_STRATEGY)
+@pytest.mark.parametrize("strategy", FROM_EXCEPTION_STRATEGIES)
 def test_a_thread_that_exits_with_a_fault_open_is_counted(strategy: str) -> None:
     """Every fault of the thread's last moments failed (the kernel's count of its
     page-fault exceptions), the last one closed by the thread's exit."""
@@ -304,7 +328,7 @@ def test_a_thread_that_exits_with_a_fault_open_is_counted(strategy: str) -> None
     assert snap.inflight == 0
 
 
-MINOR_CHILD = f"""
+MINOR_TOUCHER = """
 import json, mmap, resource, sys
 def touch(m):
     r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -314,13 +338,14 @@ def touch(m):
     return json.dumps({{"minflt": r1 - r0}})
 flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
 touch(mmap.mmap(-1, 16 * 4096, flags=flags))  # every line above runs once before "go"
-m = mmap.mmap(-1, {PAGES} * 4096, flags=flags)
+m = mmap.mmap(-1, {pages} * 4096, flags=flags)
 m.madvise(mmap.MADV_NOHUGEPAGE)  # one fault per page
 print("ready", flush=True)
 sys.stdin.readline()
 print(touch(m), flush=True)
 sys.stdin.readline()
 """
+MINOR_CHILD = MINOR_TOUCHER.format(pages=PAGES)
 
 
 @pytest.mark.parametrize("strategy", EVERY_STRATEGY)
@@ -340,9 +365,9 @@ def test_minor_faults_equal_the_childs_getrusage(strategy: str, per_process: boo
     try:
         assert child.stdin is not None and child.stdout is not None
         assert child.stdout.readline().strip() == "ready"
-        opts = Options(strategy=strategy, per_process=per_process)
+        opts = options(strategy, per_process=per_process)
         if not per_process:
-            opts = Options(strategy=strategy, pid=child.pid)  # the filter in the kernel
+            opts = options(strategy, pids=[child.pid])  # the filter in the kernel
         with Memlat(opts) as tool:
             before = tool.snapshot()
             child.stdin.write("go\n")
@@ -358,3 +383,141 @@ def test_minor_faults_equal_the_childs_getrusage(strategy: str, per_process: boo
     major = snap.total(opts.unit, kind=KINDS.index("major"), pid=pid)
     assert (minor.count, major.count) == (minflt, 0), (minor.count, minflt, snap.counters)
     assert snap.counters["unmatched"] == 0 and snap.counters["hists_full"] == 0
+
+
+@contextmanager
+def waiting_children(*scripts: str) -> Iterator[list[subprocess.Popen[str]]]:
+    """`python -c script` for each, once each has printed "ready"; reaped at the end."""
+    with ExitStack() as stack:
+        kids = []
+        for script in scripts:
+            child = subprocess.Popen(
+                [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            stack.callback(reap, child)
+            kids.append(child)
+        for child in kids:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "ready"
+        yield kids
+
+
+def go_and_read(kids: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
+    """Tell every child to go on, then read each one's result line (JSON)."""
+    for child in kids:
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    out = []
+    for child in kids:
+        assert child.stdout is not None
+        out.append(json.loads(child.stdout.readline()))
+    return out
+
+
+SET_PAGES = (4096, 2048, 1024)  # traced A, traced B, untraced C
+
+
+@pytest.mark.parametrize("strategy", FROM_EXCEPTION_STRATEGIES)
+def test_a_pid_set_traces_each_of_its_processes_and_no_other(strategy: str) -> None:
+    """-p A,B: the kernel's PID set. Three children touch 4096, 2048 and 1024 fresh
+    pages at once; traced with -P -p A,B, A's and B's minor faults are each their own
+    getrusage count exactly, and C (touching as they do) has no histogram at all."""
+    run_or_skip(STRATEGIES, strategy)
+    scripts = [MINOR_TOUCHER.format(pages=n) for n in SET_PAGES]
+    with waiting_children(*scripts) as kids:
+        a, b, c = (k.pid for k in kids)
+        opts = options(strategy, pids=[a, b], per_process=True)
+        with Memlat(opts) as tool:
+            before = tool.snapshot()
+            results = go_and_read(kids)
+            snap = tool.snapshot().since(before)
+    minor = KINDS.index("minor")
+    for pid, n, result in zip((a, b), SET_PAGES, results, strict=False):
+        assert result["minflt"] >= n
+        got = snap.total(opts.unit, kind=minor, pid=pid).count
+        assert got == result["minflt"], (pid, got, result, dict(snap.counters))
+        assert snap.total(opts.unit, kind=KINDS.index("major"), pid=pid).count == 0
+    assert results[2]["minflt"] >= SET_PAGES[2]  # C faulted meanwhile
+    assert snap.total(opts.unit, pid=c).count == 0
+    assert {p for (p, _, _) in snap.cells} <= {a, b}
+    assert snap.counters["unmatched"] == 0
+
+
+GUP_PAGES = 512
+# The known number of handle_mm_fault() calls: a loop writes one byte in each of PAGES
+# fresh anonymous pages (MADV_NOHUGEPAGE: one page a fault, each one exception and one
+# call, never retried), then process_vm_writev() writes one byte into each of
+# GUP_PAGES other fresh pages of the child itself: the kernel reaches those through
+# get_user_pages (pin_user_pages_remote, FOLL_WRITE), which calls handle_mm_fault once
+# per missing page with no pt_regs and no exception. mm_account_fault() adds every call
+# to the caller's ru_minflt, both kinds; the source buffer was touched before.
+GUP_CHILD = f"""
+import ctypes, json, mmap, os, resource, sys
+libc = ctypes.CDLL(None, use_errno=True)
+
+class iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+def fresh(pages):
+    m = mmap.mmap(-1, pages * 4096, flags=flags)
+    m.madvise(mmap.MADV_NOHUGEPAGE)
+    return m, ctypes.addressof(ctypes.c_char.from_buffer(m))
+src = ctypes.create_string_buffer(b"x" * {GUP_PAGES})
+local = (iovec * 1)(iovec(ctypes.addressof(src), {GUP_PAGES}))
+def touch(m, n):
+    for off in range(0, n * 4096, 4096):
+        m[off] = 1
+def gup(base, n):
+    remote = (iovec * n)(*[iovec(base + i * 4096, 1) for i in range(n)])
+    got = libc.process_vm_writev(os.getpid(), local, 1, remote, n, 0)
+    assert got == n, (got, os.strerror(ctypes.get_errno()))
+    return remote
+def minflt():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+# every call below runs once before "go", on pages of its own
+m0, b0 = fresh(16)
+touch(m0, 16), gup(b0, 16), minflt(), json.dumps({{}})
+m, _ = fresh({PAGES})
+g, gbase = fresh({GUP_PAGES})
+remote = (iovec * {GUP_PAGES})(*[iovec(gbase + i * 4096, 1) for i in range({GUP_PAGES})])
+print("ready", flush=True)
+sys.stdin.readline()
+r0 = minflt()
+touch(m, {PAGES})
+r1 = minflt()
+got = libc.process_vm_writev(os.getpid(), local, 1, remote, {GUP_PAGES}, 0)
+r2 = minflt()
+assert got == {GUP_PAGES}, (got, os.strerror(ctypes.get_errno()))
+assert bytes(g[i * 4096] for i in range({GUP_PAGES})) == b"x" * {GUP_PAGES}
+print(json.dumps({{"touch": r1 - r0, "gup": r2 - r1}}), flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("strategy", every(FROM_HANDLE_MM_FAULT))
+def test_from_handle_mm_fault_counts_every_call_get_user_pages_too(strategy: str) -> None:
+    """--from handle_mm_fault (the seed's Delta t): every call of handle_mm_fault is a
+    fault, whoever calls it. The child's workload has a known number of calls (see
+    GUP_CHILD): PAGES from its page-touch loop (exceptions) and GUP_PAGES from
+    process_vm_writev into its own fresh pages (get_user_pages, no exception, which
+    --from exception does not count). memlat's minor count for the child equals its
+    getrusage delta over both, exactly, and each part is at least its pages; no call
+    nested, none unmatched or failed. Skips where the kernel has neither fentry nor
+    kprobes (this VM): the kernel matrix's guests run it."""
+    run_or_skip(STRATEGIES, strategy)
+    with waiting_children(GUP_CHILD) as kids:
+        opts = Options(strategy=strategy, start="handle_mm_fault", pids=[kids[0].pid])
+        with Memlat(opts) as tool:
+            assert tool.strategy.name == strategy
+            before = tool.snapshot()
+            (result,) = go_and_read(kids)
+            snap = tool.snapshot().since(before)
+    assert result["touch"] >= PAGES and result["gup"] >= GUP_PAGES, result
+    minor = snap.total(opts.unit, kind=KINDS.index("minor")).count
+    major = snap.total(opts.unit, kind=KINDS.index("major")).count
+    assert (minor, major) == (result["touch"] + result["gup"], 0), (result, snap.counters)
+    for reason in ("nested", "unmatched", "failed", "evicted", "hists_full"):
+        assert snap.counters[reason] == 0, (reason, dict(snap.counters))

@@ -1,7 +1,8 @@
 """runqlat against the kernel's own accounting: each task's run-queue waits in
 /proc/PID/schedstat (run_delay, and pcount: one per wait that ended on a CPU), for
-spinners pinned to one CPU so that they must wait; and against CPU oversubscription,
-where more busy processes than CPUs must make runnable tasks wait longer."""
+spinners pinned to one CPU so that they must wait, traced whole or as a set of
+processes (-p, one with threads); and against CPU oversubscription, where more busy
+processes than CPUs must make runnable tasks wait longer."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from children import patience, reap
+from children import patience, reap, wait_until
 from strategies import every, run_or_skip
 
 from meridian.tools.runqlat import STRATEGIES, Options, Runqlat
@@ -47,7 +48,7 @@ def test_per_process_and_pid_filter() -> None:
             snap = tool.snapshot().since(s0)
         assert snap.cells and all(c.count for c in snap.cells.values())
         assert {pid for pid, _ in snap.cells} & set(pids)  # the spinners waited
-        with Runqlat(Options(pid=pids[0], per_process=True)) as tool:
+        with Runqlat(Options(pids=[pids[0]], per_process=True)) as tool:
             s0 = tool.snapshot()
             time.sleep(1.0)
             snap = tool.snapshot().since(s0)
@@ -142,3 +143,144 @@ def test_each_process_waits_what_its_schedstat_says(strategy: str) -> None:
     # once on 6.1 under TCG); the spinners' own counts above are exact all the same
     waits = sum(c.count for c in snap.cells.values())
     assert snap.counters["hists_full"] <= max(1, waits // 100), (snap.counters, waits)
+
+
+# A process of `pre` threads besides its main one, each blocked until the gate opens
+# ("ready" once they are started); then `post` more threads and `forks` child processes
+# start, and all of them spin for SECONDS; the threads block again, the children exit
+# ("done" once they are reaped); a last line on stdin ends it.
+WORKER = """
+import os, sys, threading, time
+pre, post, forks, seconds = map(float, sys.argv[1:])
+go, stop = threading.Event(), threading.Event()
+spun = threading.Barrier(1 + int(pre + post))
+def busy():
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+def work():
+    go.wait()
+    busy()
+    spun.wait()
+    stop.wait()
+threads = [threading.Thread(target=work) for _ in range(int(pre))]
+for t in threads:
+    t.start()
+print("ready", flush=True)
+sys.stdin.readline()
+go.set()
+threads += [threading.Thread(target=work) for _ in range(int(post))]
+for t in threads[int(pre):]:
+    t.start()
+children = []
+for _ in range(int(forks)):
+    child = os.fork()
+    if child == 0:
+        busy()
+        os._exit(0)
+    children.append(child)
+busy()
+spun.wait()
+for child in children:
+    os.waitpid(child, 0)
+print("done", flush=True)
+sys.stdin.readline()
+stop.set()
+for t in threads:
+    t.join()
+"""
+
+
+def _tasks(pid: int) -> dict[int, tuple[int, int]]:
+    """(run_delay ns, pcount) of each thread of process `pid`, by thread ID."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        _, run_delay, pcount = (task / "schedstat").read_text().split()
+        out[int(task.name)] = (int(run_delay), int(pcount))
+    return out
+
+
+def _asleep(pid: int) -> bool:
+    """Every thread of `pid` sleeps (no run-queue wait open: none runnable)."""
+    states = [
+        (t / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        for t in Path(f"/proc/{pid}/task").iterdir()
+    ]
+    return all(s == "S" for s in states)
+
+
+def _line(kid: subprocess.Popen[str], want: str) -> None:
+    assert kid.stdout is not None
+    assert kid.stdout.readline().strip() == want, want
+
+
+def _tell(kid: subprocess.Popen[str]) -> None:
+    assert kid.stdin is not None
+    kid.stdin.write("\n")
+    kid.stdin.flush()
+
+
+@pytest.mark.parametrize("strategy", every(STRATEGIES))
+def test_a_pid_set_counts_what_schedstat_says_of_each_of_its_processes(strategy: str) -> None:
+    """-p A,B with -P, and C untraced, all pinned to one CPU: A one thread, and a child
+    process it forks while traced (not in the set: a process of its own, whose waits
+    are not A's); B two threads when runqlat attaches (the tracepoint strategy's set
+    holds threads: user space reads /proc/B/task) and a third it starts while traced
+    (followed at fork). Every thread sleeps when the counts are taken, before and
+    after (no wait open), and each process's waits between are what its threads'
+    schedstat says, pcount and run_delay, with the bounds of the whole-process test
+    above. B's waits are under B, a process, also where the kernel's events name
+    threads only; C is in no histogram, nor any other process."""
+    run_or_skip(STRATEGIES, strategy)
+    cpu = str(max(os.sched_getaffinity(0)))
+    shapes = {"A": (0, 0, 1), "B": (1, 1, 0), "C": (0, 0, 0)}
+    kids: dict[str, subprocess.Popen[str]] = {}
+    try:
+        for name, shape in shapes.items():
+            args = [*map(str, shape), "1"]
+            cmd = ["taskset", "-c", cpu, sys.executable, "-c", WORKER, *args]
+            kids[name] = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
+        for kid in kids.values():
+            _line(kid, "ready")
+        pid = {name: kid.pid for name, kid in kids.items()}
+        wait_until(lambda: all(_asleep(p) for p in pid.values()), 10, "workers asleep")
+        assert len(_tasks(pid["B"])) == 2
+        opts = Options(per_process=True, pids=[pid["A"], pid["B"]], strategy=strategy)
+        with Runqlat(opts) as tool:
+            assert tool.strategy.name == strategy
+            before = {p: _tasks(p) for p in pid.values()}
+            s0 = tool.snapshot()
+            for kid in kids.values():
+                _tell(kid)  # the gate: they spin
+            for kid in kids.values():
+                _line(kid, "done")
+            for _ in range(10):  # all asleep, and nothing moved while the maps were read
+                wait_until(lambda: all(_asleep(p) for p in pid.values()), 10, "workers asleep")
+                after = {p: _tasks(p) for p in pid.values()}
+                snap = tool.snapshot().since(s0)
+                if after == {p: _tasks(p) for p in pid.values()}:
+                    break
+            else:
+                pytest.fail("the workers' schedstat kept moving while they slept")
+        for kid in kids.values():
+            _tell(kid)  # the end
+            assert kid.wait(patience(30)) == 0
+    finally:
+        for kid in kids.values():
+            reap(kid)
+    assert len(after[pid["B"]]) == 3  # the thread started while traced
+    assert {p for p, _ in snap.cells} == {pid["A"], pid["B"]}, snap.cells.keys()
+    for name in ("A", "B"):
+        p = pid[name]
+        pcount = sum(n - before[p].get(t, (0, 0))[1] for t, (_, n) in after[p].items())
+        run_delay = sum(d - before[p].get(t, (0, 0))[0] for t, (d, _) in after[p].items())
+        cells = [c for (q, _), c in snap.cells.items() if q == p]
+        count, sum_ns = sum(c.count for c in cells), sum(c.sum_ns for c in cells)
+        assert pcount >= 10, (name, pcount)  # pinned together, they had to wait
+        assert 0 <= pcount - count <= pcount // 20, (name, count, pcount, snap.counters)
+        if count == pcount:
+            bound = run_delay // 100 + count * round(patience(CLOCK_GAP_S) * 1e9)
+            assert abs(sum_ns - run_delay) <= bound, (name, sum_ns, run_delay, count)
+    assert snap.counters["pids_full"] == 0

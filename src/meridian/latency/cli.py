@@ -1,7 +1,7 @@
 """The command line of a latency tool: `meridian TOOL [interval] [count]` with -P, -p
-(one process), -T, --json, --duration, --strategy, -v (the flags of flags.py) and the
-export options, and `meridian TOOL validate`, its on/off experiment (`--seconds` per
-case and one option of its own).
+(processes, each with all its threads), -T, --json, --duration, --strategy, -v (the
+flags of flags.py) and the export options, and `meridian TOOL validate`, its on/off
+experiment (`--seconds` per case and one option of its own).
 
 A tool subclasses `LatencyCli`: its names and help, its own arguments (its unit, say),
 how they make its options, how it reports, and its experiment."""
@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import sys
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, Generic, TextIO, TypeVar
 
 from ..bpf import Strategy
@@ -32,9 +33,27 @@ from ..flags import (
 from ..output import JsonWriter
 from .model import LatencyOptions
 
-__all__ = ["LatencyCli"]
+__all__ = ["LatencyCli", "processes"]
 
 Opts = TypeVar("Opts", bound=LatencyOptions)
+
+
+def processes(pids: list[int] | None, proc_root: str = "/proc") -> list[int]:
+    """-p's processes, each once: running, and a process (a thread's ID, which /proc
+    also answers to, is refused: its process is what the kernel's set holds)."""
+    out = []
+    for pid in running_pids(sorted(set(pids or [])), proc_root):
+        try:
+            status = Path(f"{proc_root}/{pid}/status").read_text()
+        except OSError:
+            raise UsageError(f"no process with PID {pid} (see ps -e)") from None
+        tgid = next(
+            (int(line.split()[1]) for line in status.splitlines() if line.startswith("Tgid:")), pid
+        )
+        if tgid != pid:
+            raise UsageError(f"-p: {pid} is a thread of process {tgid}: give -p {tgid}")
+        out.append(pid)
+    return out
 
 
 class LatencyCli(Generic[Opts]):
@@ -89,7 +108,7 @@ class LatencyCli(Generic[Opts]):
         p = add_command(sub, self.name, self.help, self.description, self.examples)
         add_reports(p, "seconds between reports (default: one at the end), or validate")
         p.add_argument("-P", "--pids", action="store_true", help="one histogram per process")
-        add_pid(p, "trace this process only (one PID: the kernel filter holds one)")
+        add_pid(p, "trace these processes only, all their threads (repeatable, or PID,PID)")
         self.add_arguments(p)
         add_json(p)
         self.add_output_arguments(p)
@@ -106,17 +125,6 @@ class LatencyCli(Generic[Opts]):
         self.add_experiment_arguments(v)
         return p
 
-    def one_pid(self, pids: list[int] | None) -> int | None:
-        """-p's process: the kernel program filters on one PID (a set would be a map
-        lookup per event), so more than one is refused."""
-        distinct = sorted(set(pids or []))
-        if len(distinct) > 1:
-            raise UsageError(
-                f"-p: {self.name} traces one process (its kernel filter holds one PID), "
-                f"got {len(distinct)}: {', '.join(map(str, distinct))}"
-            )
-        return running_pids(distinct)[0] if distinct else None
-
     def run(self, args: argparse.Namespace) -> int:
         validating = args.interval == "validate"
         option = self.experiment_option
@@ -126,7 +134,7 @@ class LatencyCli(Generic[Opts]):
         common = {
             **report_fields(args, validating),
             "per_process": args.pids,
-            "pid": self.one_pid(args.pid),
+            "pids": processes(args.pid),
         }
         opts = self.options(args, common)
         with self.output(opts) as out:

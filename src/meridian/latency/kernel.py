@@ -3,7 +3,8 @@ start kept in an array slot per thread ID (`starts`, sized here to the thread sl
 with `starts_mask`), and adds it to a per-CPU log2 histogram: per process with -P (the
 `hists` hash map, keyed by the tool's key struct), else in `totals` (a per-CPU array
 indexed by the tool's kind). The read-only globals `latency_unit_ns`, `per_process`
-and `filter_pid` carry the options; `counters` counts what is not in the histograms."""
+and `filter_pid` (-p: only the processes in the tool's `pids` set, which the tool
+fills) carry the options; `counters` counts what is not in the histograms."""
 
 from __future__ import annotations
 
@@ -23,16 +24,21 @@ K = TypeVar("K", bound=tuple[Any, ...])
 
 class LatencySession(Session, Generic[Opts, K]):
     """A tool sets `name`, `OBJECT` and `STRATEGIES`, decodes its keys (`hist_key`,
-    `total_key`) and writes `snapshot()` and `metrics()`; `settings()` adds its own
-    globals, `attach()` attaches what `obj.attach()` cannot."""
+    `total_key`) and writes `snapshot()` and `metrics()`; `choose_strategy()` picks
+    among its strategies, `settings()` adds its own globals, `attach()` attaches what
+    `obj.attach()` cannot."""
 
     name: str
     STRATEGIES: tuple[Strategy, ...]
 
     def __init__(self, opts: Opts) -> None:
         self.opts = opts
-        self.strategy = choose(self.STRATEGIES, opts.strategy)
+        self.strategy = self.choose_strategy()
         self.selected = list(self.strategy.programs)
+
+    def choose_strategy(self) -> Strategy:
+        """The one forced, else the first of STRATEGIES this kernel allows."""
+        return choose(self.STRATEGIES, self.opts.strategy)
 
     def settings(self) -> dict[str, Any]:
         """The tool's own read-only globals."""
@@ -50,7 +56,7 @@ class LatencySession(Session, Generic[Opts, K]):
                 "starts_mask": slots - 1,
                 "latency_unit_ns": o.unit_ns,
                 "per_process": o.per_process,
-                "filter_pid": o.pid or 0,
+                "filter_pid": bool(o.pids),
                 **self.settings(),
             }
         )

@@ -18,10 +18,11 @@ NSLOTS = 32  # log2 slots of a kernel histogram (MEMLAT_BUCKETS, RUNQLAT_BUCKETS
 
 @dataclass
 class LatencyOptions(ReportOptions):
-    """The report options, and the two that every latency tool takes: -P and -p."""
+    """The report options, and the two that every latency tool takes: -P and -p (the
+    processes traced, a set in the kernel; empty: every process)."""
 
     per_process: bool = False
-    pid: int | None = None
+    pids: list[int] = field(default_factory=list)
 
 
 K = TypeVar("K", bound=tuple[Any, ...])  # a tool's histogram key, pid first

@@ -16,7 +16,9 @@ def series(snap: Snapshot, opts: Options) -> list[Family]:
     faults = Family("system.paging.faults", "counter", "{fault}", "Page faults handled")
     dur = duration_family(
         "system.paging.fault.duration",
-        "Page-fault handling latency (exception to the end of handle_mm_fault)",
+        "Page-fault handling latency ("
+        + ("handle_mm_fault's entry" if opts.start == "handle_mm_fault" else "exception")
+        + " to the end of handle_mm_fault)",
     )
     tail = Family(
         "meridian.memlat.tail",

@@ -10,10 +10,14 @@ from typing import Any
 from ... import latency
 from ...latency import Cell, LatencyOptions
 
-__all__ = ["KINDS", "LOST", "Cell", "Key", "Options", "Snapshot", "Summary"]
+__all__ = ["KINDS", "LOST", "STARTS", "Cell", "Key", "Options", "Snapshot", "Summary"]
 
 KINDS = ("minor", "major")  # enum memlat_kind
-LOST = ("failed", "unmatched", "evicted", "hists_full")  # struct memlat_counters
+LOST = ("failed", "unmatched", "evicted", "hists_full", "nested")  # struct memlat_counters
+# --from: where a fault's time starts. "exception": the page-fault exception (only faults
+# taken as exceptions); "handle_mm_fault": the entry of handle_mm_fault, whoever calls it
+# (get_user_pages() too), the seed's Delta t.
+STARTS = ("exception", "handle_mm_fault")
 
 Key = tuple[int, int, str]  # pid (0 unless -P), kind, comm
 
@@ -23,6 +27,7 @@ class Options(LatencyOptions):
     ns: bool = False
     threshold_us: float = 8.0
     output: str | None = None
+    start: str = "exception"  # --from, one of STARTS
 
     @property
     def unit_ns(self) -> int:

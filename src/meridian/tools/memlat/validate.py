@@ -1,6 +1,7 @@
 """memlat's `validate`, the seed's on/off experiment: idle (OFF), then the built-in
-page-touch workload (ON), in one session; the faults it attributes to the workload
-must be the pages it touched, within 5%."""
+page-touch workload (ON), in one session. It passes (exit status 0) when the ON case
+has more faults and more tail events than the OFF case, and the faults it attributes to
+the workload are the pages it touched, within 5% (`verdict`); else exit status 1."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ...output import iso_now, print_table
 from .kernel import Memlat
 from .model import Options, Summary
 
-__all__ = ["page_toucher", "run_toucher", "validate", "validate_text"]
+__all__ = ["high_buckets", "page_toucher", "run_toucher", "validate", "validate_text", "verdict"]
 
 
 @dataclass
@@ -61,9 +62,23 @@ def run_toucher(child: subprocess.Popen[str]) -> dict[str, Any]:
     return result
 
 
+def verdict(
+    off_faults: int, off_tail: int, on_faults: int, on_tail: int, workload_faults: int, pages: int
+) -> dict[str, bool]:
+    """The experiment's checks, each True when passed; it passes when all do. The tail
+    must grow: as many tail events ON as OFF is a failure (the seed's claim is that
+    the tail responds to the workload)."""
+    err = abs(workload_faults - pages) / pages if pages else 1.0
+    return {
+        "more_faults": on_faults > off_faults,
+        "more_tail_events": on_tail > off_tail,
+        "workload_faults_within_5pct": err <= 0.05,
+    }
+
+
 def validate(opts: Options, seconds: float, megabytes: int) -> tuple[bool, dict[str, Any]]:
     """OFF (idle) then ON (page-touch workload) for `seconds` each, in one session."""
-    vopts = Options(**{**opts.__dict__, "per_process": True, "pid": None})
+    vopts = Options(**{**opts.__dict__, "per_process": True, "pids": []})
     with Memlat(vopts) as tool, page_toucher(megabytes, seconds) as child:
         s0 = tool.snapshot()
         time.sleep(seconds)
@@ -79,16 +94,21 @@ def validate(opts: Options, seconds: float, megabytes: int) -> tuple[bool, dict[
     ]
     c_off, c_on = cases
     err = abs(c_on.workload_faults - pages) / pages if pages else 1.0
-    checks = {
-        "more_faults": c_on.summary.count > c_off.summary.count,
-        "more_tail_events": c_on.summary.tail > c_off.summary.tail,
-        "workload_faults_within_5pct": err <= 0.05,
-    }
+    checks = verdict(
+        c_off.summary.count,
+        c_off.summary.tail,
+        c_on.summary.count,
+        c_on.summary.tail,
+        c_on.workload_faults,
+        pages,
+    )
     passed = all(checks.values())
     report: dict[str, Any] = {
         "time": iso_now(),
         "strategy": strategy,
+        "from": vopts.start,
         "unit": vopts.unit,
+        "unit_ns": vopts.unit_ns,
         "seconds": seconds,
         "tail_threshold_us": vopts.threshold_us,
         "workload": {
@@ -108,11 +128,25 @@ def validate(opts: Options, seconds: float, megabytes: int) -> tuple[bool, dict[
     return passed, report
 
 
+def high_buckets(report: dict[str, Any]) -> list[tuple[int, int, list[int]]]:
+    """The log2 buckets at or above the tail threshold that either case has: (low,
+    high, the count of each case), lowest first."""
+    thr = report["tail_threshold_us"] * 1000 / report.get("unit_ns", 1000)
+    counts: dict[tuple[int, int], list[int]] = {}
+    cases = report["cases"]
+    for i, c in enumerate(cases):
+        for b in c["hist"]["buckets"]:
+            if b["low"] >= thr:
+                counts.setdefault((b["low"], b["high"]), [0] * len(cases))[i] = b["count"]
+    return [(lo, hi, n) for (lo, hi), n in sorted(counts.items())]
+
+
 def validate_text(report: dict[str, Any], out: TextIO) -> None:
     u = "us"
+    start = report.get("from", "exception")
     print(
         f"memlat validate: {report['seconds']:g} s idle (OFF), then {report['seconds']:g} s of "
-        f"the page-touch workload (ON); strategy {report['strategy']}\n",
+        f"the page-touch workload (ON); from {start}, strategy {report['strategy']}\n",
         file=out,
     )
     rows = [
@@ -141,6 +175,13 @@ def validate_text(report: dict[str, Any], out: TextIO) -> None:
         rows,
         out,
     )
+    high = high_buckets(report)
+    if high:
+        print(f"\nbuckets at or above the tail threshold ({report['unit']}):", file=out)
+        names = [c["case"] for c in report["cases"]]
+        print_table(
+            ["Bucket", *names], [[f"{lo} -> {hi}", *map(str, n)] for lo, hi, n in high], out
+        )
     w = report["workload"]
     print(
         f"\nworkload pid {w['pid']}: {w['pages_touched']} pages touched, {w['faults']} faults "

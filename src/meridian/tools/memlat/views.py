@@ -45,6 +45,7 @@ def _groups(snap: Snapshot, opts: Options) -> list[Group[Summary]]:
 def report_json(snap: Snapshot, opts: Options, strategy: str = "") -> dict[str, Any]:
     return {
         **report_head(snap, opts, strategy, _groups(snap, opts), lambda s: s.as_dict(opts)),
+        "from": opts.start,
         "total": snap.total(opts.unit).as_dict(opts),
         "lost": snap.lost(),
     }

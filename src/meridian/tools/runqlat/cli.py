@@ -22,7 +22,8 @@ EXAMPLES = """examples:
   meridian runqlat 1 10            # print 1 second summaries, 10 times
   meridian runqlat -m 5            # milliseconds, every 5 seconds
   meridian runqlat -P              # one histogram per process
-  meridian runqlat -p 185          # only PID 185
+  meridian runqlat -p 185          # only PID 185 (all its threads)
+  meridian runqlat -P -p 185,186   # PIDs 185 and 186, one histogram each
   meridian runqlat --json 1        # one JSON object per second
   meridian runqlat --otlp-endpoint http://localhost:4317   # histograms over OTLP
   meridian runqlat validate        # 1 busy process vs more busy processes than cores

@@ -6,6 +6,7 @@ from ...export import Family, Point
 from ...latency.metrics import Attrs, hist_point, process_attrs
 from ...report_loop import duration_family
 from .model import Options, Snapshot
+from .views import LOST
 
 __all__ = ["series"]
 
@@ -23,5 +24,6 @@ def series(snap: Snapshot, opts: Options) -> list[Family]:
     for (pid, comm), c in sorted(snap.cells.items()):
         a: Attrs = process_attrs(pid, comm) if opts.per_process else {}
         dur.points.append(hist_point(a, c, opts.unit_ns))
-    lost.points.append(Point({"reason": "hists_full"}, snap.counters.get("hists_full", 0)))
+    for reason in LOST if opts.pids else LOST[:1]:  # pids_full: only -p counts any
+        lost.points.append(Point({"reason": reason}, snap.counters.get(reason, 0)))
     return [dur, lost]

@@ -61,7 +61,7 @@ def validate(
     ncpu = online_cpu_count()
     on_workers = workers or 2 * ncpu
     slice_s = seconds / rounds
-    vopts = Options(**{**opts.__dict__, "per_process": True, "pid": None})
+    vopts = Options(**{**opts.__dict__, "per_process": True, "pids": []})
     with Runqlat(vopts) as tool:
         parts: dict[str, list[Snapshot]] = {k: [] for k in ("OFF", "ON", "OFF w", "ON w")}
         for _ in range(rounds):
