@@ -62,6 +62,13 @@ def meridian(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
     )
 
 
+def help_text(tool: str) -> str:
+    """`meridian TOOL --help`, its words joined by single spaces (argparse wraps them)."""
+    p = meridian(tool, "--help")
+    assert p.returncode == 0, p.stderr
+    return " ".join(p.stdout.split())
+
+
 @contextlib.contextmanager
 def attached(*args: str) -> Iterator[subprocess.Popen[str]]:
     """`meridian ARGS` (with -v among them: `wait_attached`), its output in text pipes,

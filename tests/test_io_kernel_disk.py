@@ -4,6 +4,7 @@ of each process (in the events, the aggregates and the exit summary)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -11,6 +12,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -195,6 +197,18 @@ class DirectIO:
                 pipe.close()
 
 
+@contextlib.contextmanager
+def direct_io(path: Path) -> Iterator[tuple[DirectIO, DirectIO]]:
+    """A reader and a writer of `path` (DirectIO), each a process of its own, both
+    closed at the end whatever happens."""
+    with contextlib.ExitStack() as stack:
+        reader = DirectIO(path, "read")
+        stack.callback(reader.close)
+        writer = DirectIO(path, "write")
+        stack.callback(writer.close)
+        yield reader, writer
+
+
 def test_block_requests_attributed_to_the_pid(ext4: Path) -> None:
     """O_DIRECT on the loop device's ext4: each 64 KiB read and write is one block
     request submitted by its process, with its device latency, in the per-PID disk
@@ -203,20 +217,10 @@ def test_block_requests_attributed_to_the_pid(ext4: Path) -> None:
     path = ext4 / "direct.bin"
     dd("if=/dev/urandom", f"of={path}", "bs=1M", "count=1", "conv=fsync")
     ino = path.stat().st_ino
-    reader = DirectIO(path, "read")
-    try:
-        writer = DirectIO(path, "write")
-    except BaseException:
-        reader.close()
-        raise
-    try:
-        with FileIO(Options()) as tool:
-            events = drain(tool, reader.go(), 16)
-            wevents = drain(tool, writer.go(), 16)
-            rd, wr = disk_summary(tool, reader.pid), disk_summary(tool, writer.pid)
-    finally:
-        reader.close()
-        writer.close()
+    with direct_io(path) as (reader, writer), FileIO(Options()) as tool:
+        events = drain(tool, reader.go(), 16)
+        wevents = drain(tool, writer.go(), 16)
+        rd, wr = disk_summary(tool, reader.pid), disk_summary(tool, writer.pid)
     assert rd == {"read": (16, 1 << 20, 16)}
     assert wr == {"write": (16, 1 << 20, 16)}
     for ev, op in ((events, 0), (wevents, 1)):
@@ -264,19 +268,9 @@ def test_block_events_carry_the_files_sectors(
     ino = path.stat().st_ino
     assert path.stat().st_dev == os.stat(loop_device.path).st_rdev  # a whole disk: from 0
     want = [physical(path, i * 65536) // 512 for i in range(16)]
-    reader = DirectIO(path, "read")
-    try:
-        writer = DirectIO(path, "write")
-    except BaseException:
-        reader.close()
-        raise
-    try:
-        with FileIO(Options(strategy=strategy)) as tool:
-            events = drain(tool, reader.go(), 16)
-            wevents = drain(tool, writer.go(), 16)
-    finally:
-        reader.close()
-        writer.close()
+    with direct_io(path) as (reader, writer), FileIO(Options(strategy=strategy)) as tool:
+        events = drain(tool, reader.go(), 16)
+        wevents = drain(tool, writer.go(), 16)
     for ev, op in ((events, 0), (wevents, 1)):
         on_file = ev[(ev["ino"] == ino) & (ev["bytes"] > 0) & (ev["op"] == op)]
         on_file = on_file[np.argsort(on_file["ts_ns"], kind="stable")]  # one thread

@@ -3,12 +3,18 @@ snapshot arithmetic without a kernel."""
 
 from __future__ import annotations
 
+import os
+import threading
+from pathlib import Path
+
 import numpy as np
 import pytest
-from children import meridian
+from children import help_text, meridian
 from test_cli import one_line_exit_2
 
+from meridian.errors import UsageError
 from meridian.hist import Layout
+from meridian.latency.cli import processes
 from meridian.tools.memlat.model import Cell, Options, Snapshot
 
 # Bad input that both tools check the same way (their shared command line); `{tool}`
@@ -18,8 +24,12 @@ BOTH = [
     (["--duration", "soon"], "argument --duration: takes seconds"),
     (["-p", "abc"], "argument -p/--pid: takes a process ID"),
     (["-p", "-5"], "argument -p/--pid: takes a process ID (a whole number greater than 0)"),
+    (["-p", "0"], "argument -p/--pid: takes a process ID"),
+    (["-p", "1,x"], "argument -p/--pid: takes a process ID"),
+    (["-p", "1,"], "argument -p/--pid: takes a process ID"),
     (["-p", "999999999"], "no process with PID 999999999"),
     (["-p", "1,999999999"], "no process with PID 999999999"),
+    (["-p", "1", "-p", "999999999"], "no process with PID 999999999"),
     (["0"], "interval must be greater than 0"),
     (["-1"], "interval must be greater than 0"),
     (["1", "1.5"], "count must be a whole number"),
@@ -48,6 +58,40 @@ ONLY = {
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
     one_line_exit_2(meridian(*args), needle)
+
+
+@pytest.mark.parametrize("tool", ["memlat", "runqlat"])
+def test_a_thread_id_is_refused_with_its_process(tool: str) -> None:
+    """/proc answers to a thread's ID too; the tools trace processes and say which."""
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert t.native_id is not None and t.native_id != os.getpid()
+        p = meridian(tool, "-p", str(t.native_id), "--duration", "1")
+    finally:
+        stop.set()
+        t.join()
+    one_line_exit_2(p, f"-p: {t.native_id} is a thread of process {os.getpid()}")
+
+
+def test_processes_checks_each_against_proc(tmp_path: Path) -> None:
+    for pid, tgid in ((10, 10), (11, 10), (12, 12)):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "status").write_text(f"Name:\tx\nTgid:\t{tgid}\nPid:\t{pid}\n")
+    assert processes([12, 10, 12], str(tmp_path)) == [10, 12]
+    assert processes(None, str(tmp_path)) == []
+    with pytest.raises(UsageError, match="-p: 11 is a thread of process 10: give -p 10"):
+        processes([10, 11], str(tmp_path))
+    with pytest.raises(UsageError, match="no process with PID 13"):
+        processes([13], str(tmp_path))
+
+
+@pytest.mark.parametrize("tool", ["memlat", "runqlat"])
+def test_help_says_pid_takes_a_list(tool: str) -> None:
+    text = help_text(tool)
+    assert "-p PID, --pid PID trace these processes only, all their threads" in text
+    assert "(repeatable, or PID,PID)" in text
 
 
 @pytest.mark.parametrize("tool", ["memlat", "runqlat"])
