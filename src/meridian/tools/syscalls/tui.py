@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
 from rich.text import Text
@@ -110,9 +111,11 @@ class SyscallsApp(App[None]):
         flt: Filter | None = None,
         max_rows: int = 0,
         spill: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`max_rows`: events kept in memory (0: all); `spill`: the recording that
-        holds every event, named in the status bar when older ones leave memory."""
+        holds every event, named in the status bar when older ones leave memory;
+        `clock`: the status bar rate's (a test holds it still)."""
         super().__init__()
         self.feed = feed
         self.live = live
@@ -131,8 +134,9 @@ class SyscallsApp(App[None]):
         self._dirty = True
         self.events = 0
         self._held: list[Syscall] = []  # events arrived while paused
+        self._clock = clock
         self._rate_events = 0
-        self._rate_t = time.monotonic()
+        self._rate_t = clock()
         self.rate = 0.0
         self.warning: str | None = None  # shown once the screen is up (a damaged recording)
 
@@ -201,7 +205,7 @@ class SyscallsApp(App[None]):
         if self.max_rows and len(self.agg.log) - self.agg.log.first > self.max_rows:
             self.trim()
         self._rate_events += len(new)
-        now = time.monotonic()
+        now = self._clock()
         if now - self._rate_t >= 1.0:
             self.rate = self._rate_events / (now - self._rate_t)
             self._rate_events, self._rate_t = 0, now
