@@ -95,28 +95,35 @@ static __always_inline struct memlat_start *slot_of(__u32 tid)
 	return thread_slot(&starts, starts_mask, tid);
 }
 
-/* A page-fault exception: a fault starts in this thread. A thread keeps its slot between
- * faults (ts_ns 0 when closed). */
-static __always_inline void fault_start(void)
+/* The slot of thread `id` (pid_tgid) as a fault starts in it, NULL if the thread is not
+ * traced. A thread keeps its slot between faults (ts_ns 0 when closed); it takes over
+ * another thread's (tids equal modulo the array size), whose open fault is `evicted`. */
+static __always_inline struct memlat_start *claim_slot(__u64 id)
 {
-	__u64 id = bpf_get_current_pid_tgid();
 	struct memlat_start *st;
 
 	if (!traced(id))
-		return;
+		return NULL;
 	st = slot_of(id);
-	if (!st)
-		return;
-	if (st->tid != (__u32)id) {
-		/* Another thread's slot (tids equal modulo the array size): take it. */
+	if (st && st->tid != (__u32)id) {
 		if (st->ts_ns)
 			COUNT(evicted);
 		st->tid = id;
+		st->ts_ns = 0;
 		st->in_call = 0;
-	} else if (st->ts_ns) {
-		/* The thread's previous fault never got accounted: it failed. */
-		COUNT(failed);
 	}
+	return st;
+}
+
+/* A page-fault exception: a fault starts in this thread. */
+static __always_inline void fault_start(void)
+{
+	struct memlat_start *st = claim_slot(bpf_get_current_pid_tgid());
+
+	if (!st)
+		return;
+	if (st->ts_ns)
+		COUNT(failed);	/* the thread's previous fault never got accounted */
 	st->ts_ns = bpf_ktime_get_ns();
 }
 
@@ -319,23 +326,11 @@ int BPF_KRETPROBE(kretprobe_fault, vm_fault_t ret)
  * the entry (kprobe), 0 where entries and returns always pair (fentry/fexit). */
 static __always_inline void hmf_entry(__u64 address, __u32 flags, __u64 sp)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	struct memlat_start *st;
+	struct memlat_start *st = claim_slot(bpf_get_current_pid_tgid());
 	__u64 page = address >> 12;
 
-	if (!traced(id))
-		return;
-	st = slot_of(id);
 	if (!st)
 		return;
-	if (st->tid != (__u32)id) {
-		/* Another thread's slot (tids equal modulo the array size): take it. */
-		if (st->ts_ns)
-			COUNT(evicted);
-		st->tid = id;
-		st->ts_ns = 0;
-		st->in_call = 0;
-	}
 	if (st->in_call) {
 		if (!sp || sp < st->sp) {
 			/* Within the open call: part of its time, no fault of its own. */
