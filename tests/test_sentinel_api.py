@@ -431,12 +431,17 @@ def test_schemathesis(agent: Agent, mode: GenerationMode) -> None:
     for result in schema.get_all_operations():
         assert isinstance(result, Ok), result
         op = result.ok()
-        if mode is GenerationMode.NEGATIVE and op.method == "get" and not op.query:
-            continue  # nothing to get wrong
+        examples = 25
+        if op.method == "get" and not op.query and not op.path_parameters:
+            if mode is GenerationMode.NEGATIVE:
+                continue  # nothing to get wrong
+            # nothing to draw (the token is the one header, fixed by the auth above):
+            # every example would be the same request
+            examples = 1
 
         @given(case=op.as_strategy(generation_mode=mode))
         @settings(
-            max_examples=25,
+            max_examples=examples,
             deadline=None,
             database=None,
             derandomize=True,

@@ -243,14 +243,15 @@ def test_by_flow_lists_the_5_tuples(procs: list[subprocess.Popen[str]]) -> None:
     """--by flow: the summary's rows are 5-tuples, the --json objects have no
     `services` (by service, the default, the summary says how to get them:
     test_signal_prints_summary_and_exits_0)."""
-    p = start(*MOCK, CALM, "--prometheus=127.0.0.1:0", "--duration", "1.5", "--by", "flow")
-    procs.append(p)
-    out, err = p.communicate(timeout=30)
-    assert p.returncode == 0, err
-    assert RX_FLOW in out and RX_SERVICE not in out and "--by flow" not in out
-    assert "\nFLOW " in out
+    # the two runs side by side: each waits for its own duration
+    text = start(*MOCK, CALM, "--prometheus=127.0.0.1:0", "--duration", "1.5", "--by", "flow")
+    procs.append(text)
     p = start(*MOCK, CALM, "--prometheus=127.0.0.1:0", "--duration", "1.5", "--by=flow", "--json")
     procs.append(p)
+    out, err = text.communicate(timeout=30)
+    assert text.returncode == 0, err
+    assert RX_FLOW in out and RX_SERVICE not in out and "--by flow" not in out
+    assert "\nFLOW " in out
     out, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
     assert not [line for line in out.splitlines() if "services" in json.loads(line)]

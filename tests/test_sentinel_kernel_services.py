@@ -2,13 +2,15 @@
 TCP connections to one server between two network namespaces, and 100 more to a
 server of this host on loopback that listens on an ephemeral port (which only the
 host's listening sockets tell from its clients' ports), while `meridian sentinel
---json --data-dir` runs 10 s. Each server is one service row per direction in the
-summary, whose samples and flows are the sums over every flow of the windows, and
-`query top-services` on the store it wrote gives the same numbers."""
+--json --data-dir` runs (SIGTERM once the clients are done). Each server is one
+service row per direction in the summary, whose samples and flows are the sums over
+every flow of the windows, and `query top-services` on the store it wrote gives the
+same numbers."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -21,10 +23,9 @@ from netns import netns_pair
 
 pytestmark = pytest.mark.kernel
 
-DURATION = 10
 PORT = 8000
 CONNECTIONS = 100
-SPREAD_S = 6.0  # the connections are spread over this long
+SPREAD_S = 6.0  # the connections are spread over this long: over several windows
 SERVER = """\
 import socket, sys
 with socket.create_server((sys.argv[1], int(sys.argv[2])), backlog=128) as srv:
@@ -54,7 +55,7 @@ def agent(tmp_path: Path) -> subprocess.Popen[str]:
     with open(tmp_path / "out", "w") as o, open(tmp_path / "err", "w") as e:
         return subprocess.Popen(
             [sys.executable, "-m", "meridian", "sentinel", "--config", str(config),
-             "--events", "cpu-clock", "-F", "999", "--duration", str(DURATION),
+             "--events", "cpu-clock", "-F", "999",
              "--prometheus", "127.0.0.1:0", "--json", "--data-dir", str(tmp_path / "store"), "-v"],
             stdout=o, stderr=e, text=True,
         )  # fmt: skip
@@ -124,8 +125,9 @@ def test_a_hundred_connections_are_one_service(tmp_path: Path) -> None:
                                   str(CONNECTIONS), str(SPREAD_S)]),
             ]  # fmt: skip
             for c in clients:
-                assert c.wait(timeout=patience(DURATION + 30)) == 0
-            run.wait(timeout=patience(DURATION + 40))
+                assert c.wait(timeout=patience(SPREAD_S + 30)) == 0
+            run.send_signal(signal.SIGTERM)  # the summary, the last window flushed and stored
+            run.wait(timeout=patience(40))
         finally:
             for child in [*clients, *([run] if run is not None else [])]:
                 reap(child)
