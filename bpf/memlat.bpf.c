@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 /* meridian memlat: page-fault handling latency, as log2 histograms per minor/major fault
- * (and per process with -P), matched per thread (the thread half of the seed's
- * pid_tgid key, as an array slot). Two start points (--from), one set of ends.
+ * (and per process with -P), matched per thread (the thread half of the pid_tgid key of
+ * docs/requirements/memlat-runqlat.md, "Key: pid_tgid", as an array slot). Two start
+ * points (--from), one set of ends.
  *
  * --from exception (the default): a fault is a page-fault exception taken by a traced
  * thread (exceptions:page_fault_user/kernel), timed from the trap to the end of
@@ -27,8 +28,9 @@
  *               page-faults-maj, which mm_account_fault() emits in the faulting thread
  *               once per accounted fault.
  *
- * --from handle_mm_fault (the seed's Delta t): a fault is a call of handle_mm_fault()
- * by a traced thread, whoever the caller (the exception, get_user_pages() for read(),
+ * --from handle_mm_fault (docs/requirements/memlat-runqlat.md, "Delta t"): a fault is a
+ * call of handle_mm_fault() by a traced thread, whoever the caller (the exception,
+ * get_user_pages() for read(),
  * process_vm_readv(), ptrace...: every call mm_account_fault() counts in the caller's
  * ru_minflt/ru_majflt), timed from its entry to its return, which ends it as the fexit
  * path above does (ret and flags: minor, major, failed). A VM_FAULT_RETRY return is

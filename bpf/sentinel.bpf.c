@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
-/* meridian sentinel: PMU samples attributed to network flows (seed 003, MicroSentinel).
+/* meridian sentinel: PMU samples attributed to network flows (MicroSentinel,
+ * docs/requirements/sentinel.md).
  *
  * Packet hooks write the CPU's current packet context (time, flow id, direction,
  * ifindex, gso_segs) to `ms_curr_ctx` and to the history ring `ms_hist`; the first
@@ -174,9 +175,9 @@ static __always_inline bool take_token(__u64 now, struct ms_counters *c)
 	return true;
 }
 
-/* The flow of the CPU's latest packet if it is within the skid window, else (seed
- * §5.1, find_flow_in_history) of the newest packet of its history within MS_HISTORY_LEN
- * skid windows, else none. */
+/* The flow of the CPU's latest packet if it is within the skid window, else
+ * (docs/requirements/sentinel.md §5.1, find_flow_in_history) of the newest packet of its
+ * history within MS_HISTORY_LEN skid windows, else none. */
 static __always_inline void attach_flow(struct ms_sample *s, __u64 now)
 {
 	__u32 zero = 0;

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
-/* meridian syscalls: file-system syscalls as start and end events (seed 002, Mortadelo).
+/* meridian syscalls: file-system syscalls as start and end events (Mortadelo,
+ * docs/requirements/syscalls.md).
  *
  * The start carries the raw arguments, up to two user strings (paths) and the path of
  * an fd argument, resolved here from the task's fd table as /proc/PID/fd names it

@@ -499,14 +499,14 @@ sys.stdin.readline()
 
 @pytest.mark.parametrize("strategy", every(FROM_HANDLE_MM_FAULT))
 def test_from_handle_mm_fault_counts_every_call_get_user_pages_too(strategy: str) -> None:
-    """--from handle_mm_fault (the seed's Delta t): every call of handle_mm_fault is a
-    fault, whoever calls it. The child's workload has a known number of calls (see
-    GUP_CHILD): PAGES from its page-touch loop (exceptions) and GUP_PAGES from
-    process_vm_writev into its own fresh pages (get_user_pages, no exception, which
-    --from exception does not count). memlat's minor count for the child equals its
-    getrusage delta over both, exactly, and each part is at least its pages; no call
-    nested, none unmatched or failed. Skips where the kernel has neither fentry nor
-    kprobes (this VM): the kernel matrix's guests run it."""
+    """--from handle_mm_fault (docs/requirements/memlat-runqlat.md, "Delta t"): every
+    call of handle_mm_fault is a fault, whoever calls it. The child's workload has a
+    known number of calls (see GUP_CHILD): PAGES from its page-touch loop (exceptions)
+    and GUP_PAGES from process_vm_writev into its own fresh pages (get_user_pages, no
+    exception, which --from exception does not count). memlat's minor count for the
+    child equals its getrusage delta over both, exactly, and each part is at least its
+    pages; no call nested, none unmatched or failed. Skips where the kernel has neither
+    fentry nor kprobes (this VM): the kernel matrix's guests run it."""
     run_or_skip(STRATEGIES, strategy)
     with waiting_children(GUP_CHILD) as kids:
         opts = Options(strategy=strategy, start="handle_mm_fault", pids=[kids[0].pid])

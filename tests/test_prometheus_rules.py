@@ -1,5 +1,5 @@
 """deploy/prometheus/sentinel-rules.yml, the recording and alert rules of `meridian
-sentinel` (the seed's prometheus_metrics.yaml): promtool accepts the file, its unit
+sentinel` (docs/requirements/sentinel.md §4.2): promtool accepts the file, its unit
 tests (sentinel-rules.test.yml) pass and fire every alert on a series that should fire
 it and not on one that should not, every metric the rules read is one the agent
 exports, and the runbook has a section for every alert and a line for every metric."""

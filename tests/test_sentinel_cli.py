@@ -152,7 +152,7 @@ def test_help_ends_with_examples() -> None:
     assert "examples:" in p.stdout
     lines = p.stdout.rstrip().splitlines()
     assert lines[-1].strip().startswith("meridian sentinel")
-    # the seed's own check is one of them, as written
+    # the check of docs/requirements/sentinel.md §7.2 is one of them, as written
     assert "meridian sentinel --perf-mock --mock-period-ms=25 --prometheus=:9102" in p.stdout
     for flag in ("--print-config", "--events", "--samples-per-sec", "--xdp", "--json"):
         assert flag in p.stdout

@@ -74,7 +74,7 @@ def test_dump_prints_every_key_and_reads_back() -> None:
         "latency_ratio_trigger",
         "refractory_period",
         "interfaces",
-    ):  # the seed's names
+    ):  # the names of docs/requirements/sentinel.md
         assert f"  {key}: " in text
     assert parse_config(text) == cfg
 

@@ -177,8 +177,8 @@ def test_metrics_parse_as_openmetrics(procs: list[subprocess.Popen[str]], tmp_pa
 
 
 def test_seed_check_as_written(procs: list[subprocess.Popen[str]]) -> None:
-    """The seed's own check: `--perf-mock --mock-period-ms=25 --metrics-port=9102`, the
-    old flag still read, with a line that names the new one."""
+    """The check of docs/requirements/sentinel.md §7.2: `--perf-mock --mock-period-ms=25
+    --metrics-port=9102`, the old flag still read, with a line that names the new one."""
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", 9102))

@@ -4,7 +4,7 @@ veth) keys VXLAN and Geneve packets by their inner 5-tuple and walks IPv6 extens
 headers to TCP/UDP; a TCP stream inside a VXLAN or Geneve tunnel between two
 namespaces is attributed to its inner flows, with the skb hooks and with XDP on the
 underlay; a sample past the skid window takes the newest packet of its CPU's history
-within MS_HISTORY_LEN skid windows (seed 003 §5.1)."""
+within MS_HISTORY_LEN skid windows (docs/requirements/sentinel.md §5.1)."""
 
 from __future__ import annotations
 

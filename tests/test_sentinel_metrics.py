@@ -1,5 +1,6 @@
-"""The sentinel's OpenMetrics endpoint: the seed's names, values from the snapshot,
-top flows plus flow="other", parsed with prometheus_client's OpenMetrics parser."""
+"""The sentinel's OpenMetrics endpoint: the names of docs/requirements/sentinel.md
+(§3.8, §4.2), values from the snapshot, top flows plus flow="other", parsed with
+prometheus_client's OpenMetrics parser."""
 
 from __future__ import annotations
 

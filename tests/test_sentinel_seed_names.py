@@ -1,9 +1,10 @@
-"""The seed's names beside ours (issue 25 item 6): SQL written with the seed's column
-names (ms_flow_rollup's function_hash, pmu_event, bucket; ms_raw_samples' pmu_event,
-tsc, lbr; ms_callstacks' binary, function, file, line) gives the answers of the same
-SQL with ours, in chDB and on Debian's clickhouse-server (18.16), on a store made by
-this version and on one made before the names existed (a writer adds them, a reader
-adds nothing); and the config keys the seed names otherwise are taken by either name.
+"""The document's names beside ours (docs/requirements/sentinel.md, "Names kept from the
+document"), issue 25 item 6: SQL written with its column names (ms_flow_rollup's
+function_hash, pmu_event, bucket; ms_raw_samples' pmu_event, tsc, lbr; ms_callstacks'
+binary, function, file, line) gives the answers of the same SQL with ours, in chDB and
+on Debian's clickhouse-server (18.16), on a store made by this version and on one made
+before the names existed (a writer adds them, a reader adds nothing); and the config
+keys it names otherwise are taken by either name.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ SEED_COLUMNS = {
     "ms_callstacks": {"binary", "function", "file", "line"},
 }
 
-# (SQL with the seed's names, the same with ours): each pair must give the same rows
+# (SQL with the document's names, the same with ours): each pair must give the same rows
 PAIRS = [
     (
         "SELECT flow_id, function_hash AS f, pmu_event AS e, bucket AS b, sum(samples) AS n, "
@@ -95,7 +96,7 @@ PAIRS = [
         "SELECT tsc AS t, pmu_event AS e, length(lbr) AS nr FROM ms_raw_samples ORDER BY t",
         "SELECT ktime_ns AS t, event AS e, length(lbr_from) AS nr FROM ms_raw_samples ORDER BY t",
     ),
-    (  # one row per branch: the seed's lbr is a list of [from, to] pairs
+    (  # one row per branch: the document's lbr is a list of [from, to] pairs
         "SELECT tsc AS t, b[1] AS src, b[2] AS dst FROM ms_raw_samples "
         "ARRAY JOIN lbr AS b ORDER BY t, src",
         "SELECT ktime_ns AS t, src, dst FROM ms_raw_samples "
@@ -142,7 +143,7 @@ def opened(backend: Backend) -> Backend:
 
 
 def answers(backend: Backend) -> list[list[dict[str, Any]]]:
-    """Each pair's rows, checked equal: what the seed's SQL answers."""
+    """Each pair's rows, checked equal: what the document's SQL answers."""
     out = []
     for seed, ours in PAIRS:
         t1 = T0 + 10**9
@@ -154,7 +155,7 @@ def answers(backend: Backend) -> list[list[dict[str, Any]]]:
 
 
 def seed_columns(backend: Backend) -> dict[str, set[str]]:
-    """The seed's columns each table has."""
+    """The document's columns each table has."""
     out: dict[str, set[str]] = {}
     for row in backend.query(schema.columns_sql()):
         table, name = str(row["table"]), str(row["name"])
@@ -202,7 +203,7 @@ def test_seed_sql_answers_as_ours_in_chdb_and_on_the_server(
 
 
 def old_store(make: Callable[[], Backend], monkeypatch: pytest.MonkeyPatch, spool: Path) -> None:
-    """A store as an older version made it: the tables without the seed's names."""
+    """A store as an older version made it: the tables without the document's names."""
     with monkeypatch.context() as m:
         m.setattr(backend_module, "seed_names_missing", lambda found: [])
         fill(make(), spool)
@@ -212,7 +213,7 @@ def check_reader_then_writer(
     reader: Callable[[], Backend], writer: Callable[[], Backend]
 ) -> Backend:
     """A reader of an old store uses our names and adds nothing; a writer adds the
-    seed's names; returns the writer, open."""
+    document's names; returns the writer, open."""
     r = reader()
     r.open()
     try:
@@ -358,7 +359,7 @@ def test_config_takes_the_seed_key_names() -> None:
     assert cfg.perf.sentinel_samples_per_sec == 77
     ours = parse_config("clickhouse:\n  url: http://ch:8123\nperf:\n  sentinel_samples_per_sec: 77")
     assert cfg == ours
-    text = dump_config(cfg)  # our names, the seed's said; read back the same
+    text = dump_config(cfg)  # our names, the document's said; read back the same
     assert "  # remote ClickHouse HTTP endpoint, instead of data_dir (seed: endpoint)\n" in text
     assert "(seed: samples_per_sec)\n  sentinel_samples_per_sec: 77\n" in text
     assert parse_config(text) == cfg

@@ -1,6 +1,6 @@
-"""The Mortadelo model of `meridian syscalls` without a kernel: the seed's examples
-(interleaved threads, an end without a start, execve, exit_group) in the Aggregator,
-and the compact log over it."""
+"""The Mortadelo model of `meridian syscalls` without a kernel: the examples of
+docs/requirements/syscalls.md (interleaved threads, an end without a start, execve,
+exit_group) in the Aggregator, and the compact log over it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from meridian.tools.syscalls.render import compact_line, field_text, full_line
 pytestmark = pytest.mark.usefixtures("utc")
 
 
-# ---- the Aggregator: the seed's table ----------------------------------------------
+# ---- the Aggregator: the table of docs/requirements/syscalls.md --------------------
 
 
 def test_interleaved_threads_pair_both_ways() -> None:

@@ -11,8 +11,9 @@ CREATE DATABASE IF NOT EXISTS meridian;
 
 -- The agent (meridian sentinel, clickhouse.user): at every start it runs
 -- CREATE DATABASE IF NOT EXISTS meridian and CREATE TABLE IF NOT EXISTS for its six
--- tables, adds the seed's ALIAS columns a table lacks (ALTER ADD COLUMN), sets the
--- timed tables' TTL from clickhouse.retention_days when it differs (ALTER MODIFY TTL,
+-- tables, adds the ALIAS columns of docs/requirements/sentinel.md a table lacks (ALTER
+-- ADD COLUMN), sets the timed tables' TTL from clickhouse.retention_days when it
+-- differs (ALTER MODIFY TTL,
 -- which the server applies to the rows it has: MATERIALIZE TTL); then it INSERTs
 -- batches and, after an insert that had no answer, SELECTs the batch's id. Nothing
 -- else: no DROP, no ALTER DELETE, no other database.

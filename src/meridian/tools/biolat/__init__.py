@@ -1,5 +1,5 @@
 """meridian biolat: block I/O latency histograms per device and operation, request
-sizes, queue depth and slow requests (seed 004 and its four exercises).
+sizes, queue depth and slow requests (docs/requirements/biolat.md, exercises 1-4 too).
 
 The kernel counts everything in one hash map keyed by (device, op, kind, size slot);
 every view here is a sum over it.

@@ -1,4 +1,5 @@
-"""meridian io: every read and write on a regular file, per process (seed 000).
+"""meridian io: every read and write on a regular file, per process
+(docs/requirements/io.md).
 
 The kernel decides everything: regular files only, the PID, comm and cgroup filters,
 cached or disk per operation, and exact per-(process, op, cached) aggregates with a

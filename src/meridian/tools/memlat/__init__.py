@@ -1,9 +1,11 @@
-"""meridian memlat: page-fault handling latency (seed 001), t_exit - t_entry matched
-per thread, as log2 histograms per minor/major fault and, with -P, per process.
+"""meridian memlat: page-fault handling latency (docs/requirements/memlat-runqlat.md),
+t_exit - t_entry matched per thread, as log2 histograms per minor/major fault and, with
+-P, per process.
 
 The kernel counts into a per-CPU hash map keyed by (pid, kind, comm); every view here
 is a sum over it. Intervals are differences of two snapshots, so no sample is lost to
-a read-then-clear race. `meridian memlat validate` runs the seed's on/off experiment.
+a read-then-clear race. `meridian memlat validate` runs the on/off experiment
+(docs/requirements/memlat-runqlat.md, "Validation").
 A latency tool: what it shares with runqlat is in `meridian.latency`.
 
   model.py     options, the (pid, kind, comm) key, snapshots, summaries with the tail

@@ -16,7 +16,7 @@ KINDS = ("minor", "major")  # enum memlat_kind
 LOST = ("failed", "unmatched", "evicted", "hists_full", "nested")  # struct memlat_counters
 # --from: where a fault's time starts. "exception": the page-fault exception (only faults
 # taken as exceptions); "handle_mm_fault": the entry of handle_mm_fault, whoever calls it
-# (get_user_pages() too), the seed's Delta t.
+# (get_user_pages() too): Delta t (docs/requirements/memlat-runqlat.md, "Delta t").
 STARTS = ("exception", "handle_mm_fault")
 
 Key = tuple[int, int, str]  # pid (0 unless -P), kind, comm

@@ -1,7 +1,8 @@
-"""memlat's `validate`, the seed's on/off experiment: idle (OFF), then the built-in
-page-touch workload (ON), in one session. It passes (exit status 0) when the ON case
-has more faults and more tail events than the OFF case, and the faults it attributes to
-the workload are the pages it touched, within 5% (`verdict`); else exit status 1."""
+"""memlat's `validate`, the on/off experiment (docs/requirements/memlat-runqlat.md,
+"Validation"): idle (OFF), then the built-in page-touch workload (ON), in one session.
+It passes (exit status 0) when the ON case has more faults and more tail events than
+the OFF case, and the faults it attributes to the workload are the pages it touched,
+within 5% (`verdict`); else exit status 1."""
 
 from __future__ import annotations
 
@@ -66,8 +67,9 @@ def verdict(
     off_faults: int, off_tail: int, on_faults: int, on_tail: int, workload_faults: int, pages: int
 ) -> dict[str, bool]:
     """The experiment's checks, each True when passed; it passes when all do. The tail
-    must grow: as many tail events ON as OFF is a failure (the seed's claim is that
-    the tail responds to the workload)."""
+    must grow: as many tail events ON as OFF is a failure (the requirement is that
+    the tail responds to the workload: docs/requirements/memlat-runqlat.md, "Expected
+    results")."""
     err = abs(workload_faults - pages) / pages if pages else 1.0
     return {
         "more_faults": on_faults > off_faults,

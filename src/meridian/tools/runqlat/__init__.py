@@ -1,5 +1,6 @@
-"""meridian runqlat: run-queue latency histograms (seed 001's next step), like bcc's
-runqlat: the time from a wake-up or a preemption until the task runs on a CPU.
+"""meridian runqlat: run-queue latency histograms (docs/requirements/memlat-runqlat.md,
+"Next steps"), like bcc's runqlat: the time from a wake-up or a preemption until the
+task runs on a CPU.
 
 The kernel counts into a per-CPU hash map keyed by (pid, comm) (pid 0 unless -P);
 intervals are differences of two snapshots. `meridian runqlat validate` runs an on/off

@@ -1,4 +1,5 @@
-"""meridian sentinel: PMU samples attributed to network flows (seed 003, MicroSentinel).
+"""meridian sentinel: PMU samples attributed to network flows (MicroSentinel,
+docs/requirements/sentinel.md).
 
 Sub-packages in layers, each importing only those before it (tests/test_imports.py):
 model (plain data), symbols and sources, config, pipeline (samples to rollups),

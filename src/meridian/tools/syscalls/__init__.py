@@ -1,4 +1,5 @@
-"""meridian syscalls: the Mortadelo file-system syscall viewer (seed 002).
+"""meridian syscalls: the Mortadelo file-system syscall viewer
+(docs/requirements/syscalls.md).
 
 The kernel program sends each traced call as two events, a start (arguments, paths,
 the path of an fd argument) and an end (the result); the model pairs them

@@ -1,15 +1,16 @@
-"""The configuration of `meridian sentinel`: one YAML file with the seed's key names,
-read into the settings model (schema.py), the command-line flags laid over it, and
-printed back (`--print-config`).
+"""The configuration of `meridian sentinel`: one YAML file with the key names of
+docs/requirements/sentinel.md, read into the settings model (schema.py), the
+command-line flags laid over it, and printed back (`--print-config`).
 
 Sections: `perf` (budgets, events, rotation), `mode` (hysteresis, safety level),
 `anomaly` (interfaces, EWMA baselines, triggers), `aggregator`, `metrics`, `mock`,
 `targets`, `run` (duration and output), `control_plane` / `clickhouse`, and one per
 detector (`false_sharing`, `remote_dram`: its thresholds).
 
-Where the seed names a key otherwise (`clickhouse.endpoint` for `clickhouse.url`,
-`perf.samples_per_sec` for `perf.sentinel_samples_per_sec`), a file may use either
-name, not both; `--print-config` says the seed's name in the key's description.
+Where docs/requirements/sentinel.md names a key otherwise (`clickhouse.endpoint` for
+`clickhouse.url`, `perf.samples_per_sec` for `perf.sentinel_samples_per_sec`), a file
+may use either name, not both; `--print-config` says that name in the key's description
+("(seed: endpoint)").
 
 Every mistake is a `UsageError` of one line naming the key (or the flag) and the
 value: malformed YAML, an unknown key (with the closest known one), a wrong type, a
@@ -66,8 +67,9 @@ def _sections(data: Mapping[Any, Any]) -> dict[str, Any]:
 
 
 def _seed_names(data: dict[str, Any]) -> dict[str, str]:
-    """Rename, in place, the keys given by the seed's name to ours; returns our key ->
-    the name given, so that a message names the key as the file wrote it."""
+    """Rename, in place, the keys given by their name in docs/requirements/sentinel.md
+    to ours; returns our key -> the name given, so that a message names the key as the
+    file wrote it."""
     given: dict[str, str] = {}
     for section, names in seed_keys(SentinelConfig).items():
         body = data.get(section)

@@ -88,8 +88,8 @@ def _section(root: type[BaseModel], name: str) -> type[BaseModel]:
 
 
 def seed_keys(root: type[BaseModel]) -> dict[str, dict[str, str]]:
-    """section -> {the seed's name of a key: our name}, for the keys the seed names
-    otherwise (schema.py's `_key(..., seed=)`)."""
+    """section -> {the name docs/requirements/sentinel.md gives a key: our name}, for
+    the keys it names otherwise (schema.py's `_key(..., seed=)`)."""
     out: dict[str, dict[str, str]] = {}
     for name in root.model_fields:
         for key, f in _section(root, name).model_fields.items():
@@ -100,7 +100,7 @@ def seed_keys(root: type[BaseModel]) -> dict[str, dict[str, str]]:
 
 
 def _keys(root: type[BaseModel]) -> dict[str, list[str]]:
-    """section -> its keys, the seed's names of keys too."""
+    """section -> its keys, their names in docs/requirements/sentinel.md too."""
     seed = seed_keys(root)
     return {
         name: [*_section(root, name).model_fields, *seed.get(name, {})]

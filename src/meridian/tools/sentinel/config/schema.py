@@ -4,11 +4,11 @@ YAML, laid over by flags, changed by the control plane through the same value ty
 (fields.py), so that the three never disagree.
 
 Types are strict (a YAML value must have its key's type; a flag's text is converted),
-unknown keys are refused (a key the seed names otherwise is taken by either name:
-load.py), and a value assigned later (`cfg.perf.hard_drop_ns = 5`) is checked as one
-read from a file. Budgets are samples per second per CPU, as the kernel's per-CPU
-token bucket; durations are seconds, or a string with a unit (`250ms`, `2s`, `1m`);
-keys ending in `_ns` are integer nanoseconds.
+unknown keys are refused (a key that docs/requirements/sentinel.md names otherwise is
+taken by either name: load.py), and a value assigned later (`cfg.perf.hard_drop_ns = 5`)
+is checked as one read from a file. Budgets are samples per second per CPU, as the
+kernel's per-CPU token bucket; durations are seconds, or a string with a unit (`250ms`,
+`2s`, `1m`); keys ending in `_ns` are integer nanoseconds.
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ FilePath = Annotated[str, Field(min_length=1), rule("must be a path or null")]
 
 
 def _key(default: Any, doc: str, seed: str | None = None) -> Any:
-    """A key's default and its one-line description; `seed`: the seed's name for the
-    key, which a file may use instead (load.py), said in the description."""
+    """A key's default and its one-line description; `seed`: the key's name in
+    docs/requirements/sentinel.md, which a file may use instead (load.py), said in the
+    description."""
     if seed is None:
         return Field(default, description=doc)
     return Field(default, description=f"{doc} (seed: {seed})", json_schema_extra={"seed": seed})
@@ -344,7 +345,8 @@ class TargetsConfig(Settings):
         return [{k: v} for k, vs in (*keys, *more) for v in vs]
 
 
-# `json` is the seed's key; it shadows BaseModel's deprecated json(), which nothing calls
+# `json` is the key's given name (--json's); it shadows BaseModel's deprecated json(),
+# which nothing calls
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", 'Field name "json"', UserWarning)
 

@@ -1,7 +1,7 @@
-"""Detectors over the sampled stream (seed 5.3, 6.3): base (the interface, findings,
-the registry), window (counts per key and window, in numpy), false_sharing (HITM
-samples per cache line) and remote_dram (remote-DRAM samples per flow, NUMA node and
-interface).
+"""Detectors over the sampled stream (docs/requirements/sentinel.md §5.3, §6.3): base
+(the interface, findings, the registry), window (counts per key and window, in numpy),
+false_sharing (HITM samples per cache line) and remote_dram (remote-DRAM samples per
+flow, NUMA node and interface).
 
 Every module of this package is imported by `detector_types()`, and each registers
 its detector (`@register`): a new detector is one new module, and for its thresholds

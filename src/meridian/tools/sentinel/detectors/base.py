@@ -1,6 +1,6 @@
-"""The one interface every detector implements (seed 6.3: `Observe`, `Flush(now,
-callback)`), what its findings offer the exporters, and the registry through which a
-new detector module is found without editing any other file.
+"""The one interface every detector implements (docs/requirements/sentinel.md §6.3:
+`Observe`, `Flush(now, callback)`), what its findings offer the exporters, and the
+registry through which a new detector module is found without editing any other file.
 
 A detector sees the same decoded sample batches as the aggregator (`observe`, on the
 consumer thread) and reports per window (`flush`, on the flush thread); its findings

@@ -1,8 +1,9 @@
-"""False sharing (seed 5.3, FalseSharingDetector): HITM samples (a load served from a
-line modified in another core's cache) counted per cache line, CPU and process. One
-CPU hitting a line is a hot line; several CPUs (or processes) each hitting the same
-line in one window is the line bouncing between caches, i.e. sharing, true or false.
-The finding names the registered data object the line falls in, where there is one.
+"""False sharing (docs/requirements/sentinel.md §5.3, FalseSharingDetector): HITM
+samples (a load served from a line modified in another core's cache) counted per cache
+line, CPU and process. One CPU hitting a line is a hot line; several CPUs (or processes)
+each hitting the same line in one window is the line bouncing between caches, i.e.
+sharing, true or false. The finding names the registered data object the line falls in,
+where there is one.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Remote DRAM (seed 5.3, RemoteDramAnalyzer): loads served from another NUMA node's
-memory, counted per (flow, NUMA node, interface) with when they were last seen. A
-flow whose packets are handled on one node while its buffers live on another shows
-here: the fix is pinning (IRQ affinity, the process, or its memory).
+"""Remote DRAM (docs/requirements/sentinel.md §5.3, RemoteDramAnalyzer): loads served
+from another NUMA node's memory, counted per (flow, NUMA node, interface) with when they
+were last seen. A flow whose packets are handled on one node while its buffers live on
+another shows here: the fix is pinning (IRQ affinity, the process, or its memory).
 """
 
 from __future__ import annotations

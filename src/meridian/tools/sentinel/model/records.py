@@ -61,7 +61,7 @@ HISTORY_LEN = 16  # MS_HISTORY_LEN: packet contexts kept per CPU
 # -EEXIST, -ENOMEM and -ENOENT, never -ESTALE.
 RACED_STACK_ID = -errno.ESTALE
 # Past the skid window, a sample takes the newest packet of its CPU's history within
-# this (seed 003 §5.1): MS_HISTORY_LEN x MS_FLOW_SKID_NS.
+# this (docs/requirements/sentinel.md §5.1): MS_HISTORY_LEN x MS_FLOW_SKID_NS.
 FLOW_HISTORY_NS = HISTORY_LEN * FLOW_SKID_NS
 RX, TX = 0, 1  # enum ms_direction
 # Not the kernel's: the aggregator's direction for a sample whose instruction was the

@@ -1,4 +1,5 @@
-"""The OpenMetrics endpoint of `meridian sentinel`, with the seed's metric names.
+"""The OpenMetrics endpoint of `meridian sentinel`, with the metric names of
+docs/requirements/sentinel.md (§3.8, §4.2).
 
 The runtime hands a `MetricsSnapshot` to `SentinelMetrics.update` once per flush
 window; a scrape renders that snapshot and nothing else (prometheus_client's

@@ -1,8 +1,9 @@
-"""Samples to rollups: the seed's aggregation key `(flow_id, function, callstack_id,
-data_object_id, event, numa_node, direction, interference_class, time_bucket)` with
-`samples` and `norm_cost = samples * sample_scale / gso_segs` (summed per sample, so
-a sample on a GSO super-packet of 40 segments costs a fortieth per segment; the scale
-is the sample's event's, pipeline/scales.py).
+"""Samples to rollups: the aggregation key of docs/requirements/sentinel.md §3.4
+`(flow_id, function, callstack_id, data_object_id, event, numa_node, direction,
+interference_class, time_bucket)` with `samples` and
+`norm_cost = samples * sample_scale / gso_segs` (summed per sample, so a sample on a GSO
+super-packet of 40 segments costs a fortieth per segment; the scale is the sample's
+event's, pipeline/scales.py).
 
 All in numpy: rows are grouped by sorting a 64-bit hash of each row (then checked
 column by column, exact: model/groups.py) and summed with `np.bincount`; the resolver

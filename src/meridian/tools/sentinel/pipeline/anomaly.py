@@ -1,8 +1,8 @@
 """The anomaly monitor: signals that make the agent look closer (diagnostic mode).
 
 Throughput: the byte counters of each configured interface in /proc/net/dev (receive
-bytes, as the seed; `throughput_direction` can add or choose transmit) turned into
-bits per second between two readings, against an EWMA baseline
+bytes, as docs/requirements/sentinel.md §3.6; `throughput_direction` can add or choose
+transmit) turned into bits per second between two readings, against an EWMA baseline
 (`throughput_ewma_alpha`). A reading below `throughput_ratio_trigger` x the baseline
 is a `throughput_drop`, unless the baseline is under `throughput_min_bps` (an idle
 link has no throughput to lose). Latency: an optional probe file holding one number

@@ -13,17 +13,19 @@ anomaly forces diagnostic mode for `refractory_period`; triggers inside that per
 are ignored, so a long outage does not hold the mode forever. The control plane can
 pin a mode (`force`), which wins over both until released.
 
-`SafetyGovernor` is the seed's safety level: while the offered rate (delivered plus
-dropped in the kernel) exceeds the budget, it limits the events per group
-(SHED_HEAVY, exported as `ms_sampling_throttled`), with its own hysteresis.
+`SafetyGovernor` is the safety level (docs/requirements/sentinel.md §3.5, §5.2): while
+the offered rate (delivered plus dropped in the kernel) exceeds the budget, it limits
+the events per group (SHED_HEAVY, exported as `ms_sampling_throttled`), with its own
+hysteresis.
 
 What a limited group keeps is `shed_rank`'s order, not the order written (which would
-drop `hitm` of [cycles, instructions, llc-misses, hitm] first): the seed samples
-cycles as the base every flow's and function's cost is read against (cpu-clock stands
-in for it without a PMU), and its two detectors live on one event each, hitm (false
-sharing) and remote-dram (NUMA); the generic events (instructions, llc-misses,
-branch-misses, raw codes) only refine rates. So: the base first, then the detectors'
-events, then the generic ones; within a rank, the order written.
+drop `hitm` of [cycles, instructions, llc-misses, hitm] first): the design samples
+cycles as the base every flow's and function's cost is read against (cpu-clock stands in
+for it without a PMU), and its two detectors (docs/requirements/sentinel.md §5.3) live
+on one event each, hitm (false sharing) and remote-dram (NUMA); the generic events
+(instructions, llc-misses, branch-misses, raw codes) only refine rates. So: the base
+first, then the detectors' events, then the generic ones; within a rank, the order
+written.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ in one of two ways, chosen at load time:
   the PMU recorded for this very sample; its hardware events are opened with
   `branch_sample_type` (any branch, user and kernel). The helper made for perf_event
   programs: the default.
-- `snapshot`: bpf_get_branch_snapshot, the seed's helper: the LBR as the program
-  finds it, kept recording by the same events (the kernel implements it for Intel's
-  LBR and AMD's LbrExtV2 only).
+- `snapshot`: bpf_get_branch_snapshot, the helper of docs/requirements/sentinel.md
+  §2.3: the LBR as the program finds it, kept recording by the same events (the kernel
+  implements it for Intel's LBR and AMD's LbrExtV2 only).
 
 Either needs a PMU that records branches (Intel LBR, AMD BRS/LbrExtV2, Arm BRBE); a
 VM has one only with a virtual PMU that passes LBR through. One perf_event_open of

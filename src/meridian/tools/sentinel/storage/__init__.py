@@ -1,7 +1,7 @@
-"""ClickHouse storage of `meridian sentinel` (part 2): the seed's four tables
-(schema.sql), in chDB in process or on a ClickHouse server over HTTP: batches go to an
-on-disk spool first, and from it to the store, so an outage or a crash loses nothing
-that reached the spool.
+"""ClickHouse storage of `meridian sentinel` (part 2): the four tables of
+docs/requirements/sentinel.md §4.1 (schema.sql), in chDB in process or on a ClickHouse
+server over HTTP: batches go to an on-disk spool first, and from it to the store, so an
+outage or a crash loses nothing that reached the spool.
 
 Modules, each importing only those above it:
 - schema.py        the tables, from schema.sql

@@ -94,10 +94,11 @@ def found_tables_problem(
 
 
 def add_seed_names(run: Callable[[str], object], found: list[dict[str, Any]]) -> str:
-    """Add the seed's column names (ALIAS columns) the tables lack (`found`: rows of
-    columns_sql) by running each ALTER with `run`; "" when done, else what could not be
-    added and why, one line (a user that may not ALTER: the store works all the same,
-    by our names). A store that stops answering meanwhile raises."""
+    """Add the column names of docs/requirements/sentinel.md ("Names kept from the
+    document") as ALIAS columns where the tables lack them (`found`: rows of
+    columns_sql), by running each ALTER with `run`; "" when done, else what could not be
+    added and why, one line (a user that may not ALTER: the store works all the same, by
+    our names). A store that stops answering meanwhile raises."""
     failed: dict[str, list[str]] = {}
     why = ""
     for table, column, sql in seed_names_missing(found):

@@ -1,7 +1,8 @@
-"""The tables, read from schema.sql (the one definition both stores apply), split
-into statements a store runs one at a time: the CREATEs, then the seed's column names
-(ALIAS columns) that a table lacks; and the retention (clickhouse.retention_days) as the
-timed tables' TTL, on a server that has TTL."""
+"""The tables, read from schema.sql (the one definition both stores apply), split into
+statements a store runs one at a time: the CREATEs, then the column names of
+docs/requirements/sentinel.md ("Names kept from the document") as ALIAS columns where a
+table lacks them; and the retention (clickhouse.retention_days) as the timed tables'
+TTL, on a server that has TTL."""
 
 from __future__ import annotations
 
@@ -66,9 +67,9 @@ def _all() -> tuple[str, ...]:
 
 
 def statements(retention_days: int = 0) -> tuple[str, ...]:
-    """The CREATE statements of schema.sql (the seed's names are `seed_names`), the
-    timed tables' with a TTL of `retention_days` (0: none; only for a server that
-    ttl_supported)."""
+    """The CREATE statements of schema.sql (the names of docs/requirements/sentinel.md
+    are `seed_names`), the timed tables' with a TTL of `retention_days` (0: none; only
+    for a server that ttl_supported)."""
     out = []
     for sql in _all():
         m = _TABLE.match(sql)
@@ -127,8 +128,9 @@ def ttl_missing(version: str, days: int) -> str:
 
 @cache
 def seed_names() -> tuple[tuple[str, str, str], ...]:
-    """(table, column, ALTER TABLE ... ADD COLUMN) of each of the seed's names that is
-    an ALIAS of one of ours."""
+    """(table, column, ALTER TABLE ... ADD COLUMN) of each name of
+    docs/requirements/sentinel.md ("Names kept from the document") that is an ALIAS of
+    one of ours."""
     out = []
     for sql in _all():
         m = _ALIAS.match(sql)
@@ -169,8 +171,8 @@ def columns_sql() -> str:
 def schema_problem(found: list[dict[str, object]]) -> str:
     """What is wrong with the tables the store has (rows of columns_sql), or "": a
     table that is missing, or that lacks columns (made by another version: CREATE IF
-    NOT EXISTS leaves it as it is). The seed's names are not needed: a store without
-    them is used by ours."""
+    NOT EXISTS leaves it as it is). The names of docs/requirements/sentinel.md are not
+    needed: a store without them is used by ours."""
     have: dict[str, set[str]] = {}
     for row in found:
         have.setdefault(str(row["table"]), set()).add(str(row["name"]))

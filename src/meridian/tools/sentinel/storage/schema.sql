@@ -1,7 +1,7 @@
--- meridian sentinel: the four tables of the seed (section 4.1) and the names of flows
--- and functions they refer to, applied at every start
--- (CREATE ... IF NOT EXISTS, so applying it again changes nothing), and at the end the
--- seed's column names where ours differ (ALIAS columns, added where missing).
+-- meridian sentinel: the four tables of docs/requirements/sentinel.md (§4.1) and the
+-- names of flows and functions they refer to, applied at every start
+-- (CREATE ... IF NOT EXISTS, so applying it again changes nothing), and at the end that
+-- page's column names where ours differ (ALIAS columns, added where missing).
 --
 -- One schema for both stores: it is accepted by ClickHouse 18.16 (Debian's
 -- clickhouse-server) and by chDB 4.x (ClickHouse 26.x); it uses nothing newer than
@@ -138,26 +138,27 @@ CREATE TABLE IF NOT EXISTS ms_functions
 ENGINE = MergeTree()
 ORDER BY (run_id, function_id);
 
--- The seed's names beside ours, so that SQL written from the seed runs as it is: ALIAS
--- columns, computed when read and stored nowhere (SELECT * leaves them out, inserts
--- never name them). A writer adds the ones a table lacks at every start, after the
+-- The names of docs/requirements/sentinel.md ("Names kept from the document") beside
+-- ours, so that SQL written with them runs as it is: ALIAS columns, computed when read
+-- and stored nowhere (SELECT * leaves them out, inserts never name them). A writer adds the ones a table lacks at every start, after the
 -- CREATEs: so a store made by an older version gets them too (ClickHouse 18.16 has no
 -- ADD COLUMN IF NOT EXISTS: only the missing ones are added). A reader adds nothing,
 -- and a store without them still works by our names. No Array(Tuple(...)) alias:
 -- 18.16 stores such a column as nested columns and cannot read it back after a
 -- restart, so `lbr` is a list of [from, to] pairs.
--- ms_flow_rollup: the seed's AggregationKey (section 3.4)
+-- ms_flow_rollup: the document's AggregationKey (docs/requirements/sentinel.md §3.4)
 ALTER TABLE ms_flow_rollup ADD COLUMN function_hash UInt64 ALIAS function_id;
 ALTER TABLE ms_flow_rollup ADD COLUMN pmu_event UInt16 ALIAS event;
 ALTER TABLE ms_flow_rollup ADD COLUMN bucket UInt64 ALIAS time_bucket;
--- ms_raw_samples: the seed's ms_sample fields (section 2.1); tsc is the sample's
--- kernel time in ns (ktime_ns), as the seed's perf sample time is
+-- ms_raw_samples: the document's ms_sample fields (docs/requirements/sentinel.md
+-- §2.1), tsc is the sample's kernel time in ns (ktime_ns), as the document's perf sample time is
 ALTER TABLE ms_raw_samples ADD COLUMN pmu_event UInt16 ALIAS event;
 ALTER TABLE ms_raw_samples ADD COLUMN tsc UInt64 ALIAS ktime_ns;
 ALTER TABLE ms_raw_samples ADD COLUMN lbr Array(Array(UInt64)) ALIAS arrayMap((f, t) -> [f, t], lbr_from, lbr_to);
--- ms_callstacks: the seed's frame fields (section 4.1), one array each, innermost first
+-- ms_callstacks: the document's frame fields (docs/requirements/sentinel.md §4.1), one
+-- array each, innermost first
 ALTER TABLE ms_callstacks ADD COLUMN binary Array(String) ALIAS binaries;
 ALTER TABLE ms_callstacks ADD COLUMN function Array(String) ALIAS functions;
 ALTER TABLE ms_callstacks ADD COLUMN file Array(String) ALIAS files;
 ALTER TABLE ms_callstacks ADD COLUMN line Array(UInt32) ALIAS lines;
--- ms_data_objects has the seed's names already (pid, address, name, type, size).
+-- ms_data_objects has the document's names already (pid, address, name, type, size).

@@ -89,8 +89,9 @@ class Binaries:
         """The symbol table of a JIT region registered with an ELF image's path (one
         that is not ok names no function: the region is then named by its path).
 
-        A registration's build id names the image (the seed's `build_id` of
-        /api/v1/symbols/jit, which registers regions for the symbolization index):
+        A registration's build id names the image (`build_id` of /api/v1/symbols/jit,
+        docs/requirements/sentinel.md §3.7, which registers regions for the symbolization
+        index):
         the file at the path serves only while it has that build id (a JIT that
         writes its next image to the same path must not name this region's code),
         else the debug file by build id under debug_root (a stripped, deleted or
