@@ -46,7 +46,12 @@ DEFAULT_TESTS = (
     "tests/test_syscalls_kernel.py::test_prog_calls_paired_with_paths",
     "tests/test_syscalls_kernel.py::test_fd_path_crosses_mounts",
     "tests/test_syscalls_kernel.py::test_fd_paths_are_cached_until_a_rename_or_mount",
-    "tests/test_memlat_kernel.py::test_minor_faults_equal_the_childs_getrusage",
+    # per process (-P: the hists map too) under each strategy that starts at the exception;
+    # the handle_mm_fault ones run the get_user_pages test below, also exact
+    *(
+        f"tests/test_memlat_kernel.py::test_minor_faults_equal_the_childs_getrusage[True-{s.name}]"
+        for s in memlat.FROM_EXCEPTION
+    ),
     "tests/test_memlat_kernel.py::test_failed_faults_are_counted_exactly",
     # --from handle_mm_fault: fentry and kprobes only, which this VM refuses
     "tests/test_memlat_kernel.py::test_from_handle_mm_fault_counts_every_call_get_user_pages_too",

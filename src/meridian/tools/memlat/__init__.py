@@ -17,7 +17,15 @@ A latency tool: what it shares with runqlat is in `meridian.latency`.
 """
 
 from .cli import add_parser, run
-from .kernel import STRATEGIES, Memlat
+from .kernel import FROM_EXCEPTION, FROM_HANDLE_MM_FAULT, STRATEGIES, Memlat
 from .model import Options
 
-__all__ = ["STRATEGIES", "Memlat", "Options", "add_parser", "run"]
+__all__ = [
+    "FROM_EXCEPTION",
+    "FROM_HANDLE_MM_FAULT",
+    "STRATEGIES",
+    "Memlat",
+    "Options",
+    "add_parser",
+    "run",
+]
