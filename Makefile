@@ -138,7 +138,8 @@ bench: venv bpf
 # survivors and why mutmut). It runs in $(BUILD)/mutation, a copy of src and tests,
 # never on the work tree. MUTATE: the code mutated (globs); MUTATION_TESTS: the
 # non-kernel tests that may kill its mutants (mutmut runs, for each mutant, those
-# that cover its function).
+# that cover its function). Each module's selection is in docs/testing.md, e.g.
+# make mutation MUTATE=src/meridian/hist.py MUTATION_TESTS="tests/test_hist.py ...".
 MUTATE ?= src/meridian/tools/sentinel/storage/*
 MUTATION_TESTS ?= tests/test_sentinel_storage_sender.py tests/test_sentinel_storage_spool.py \
                   tests/test_sentinel_storage_rows.py

@@ -17,6 +17,7 @@ from meridian.hist import (
     Hist,
     Layout,
     Log2Hist,
+    interval_min_max,
     slot_bounds,
     slot_of,
 )
@@ -176,3 +177,151 @@ def test_exact_counts_quantiles_are_values_that_occurred() -> None:
     assert (j["p50"], j["p99"], j["min"], j["max"], j["not_counted"]) == (4096, 4096, 4096, 4096, 2)
     d = ExactCounts({4096: 15, 8192: 1}).since(ExactCounts({4096: 10}))
     assert d.counts == {4096: 5, 8192: 1}
+
+
+def test_a_log2_layout_puts_a_value_in_its_slot_and_the_rest_in_the_last() -> None:
+    lay = Layout(8, None)
+    assert [lay.bucket_of(v) for v in (0, 1, 2, 5, 127, 128, 10**9)] == [0, 0, 1, 2, 6, 7, 7]
+
+
+def test_the_quantile_rank_is_exact_at_the_ends_and_in_the_first_bucket() -> None:
+    h = Log2Hist.of([0, 0, 0, 10])  # all in [8, 16)
+    assert h.percentile(0.0) == h.percentile(-1.0) == 8.0  # the bucket's low
+    assert h.percentile(0.05) == pytest.approx(8.4)  # rank 0.5 of 10 in [8, 16)
+    assert h.percentile(1.0) == h.percentile(1.5) == 16.0  # q past 1 is 1
+    assert Log2Hist.of([10, 0]).percentile(0.5) == 1.0  # rank 5 of 10 in [0, 2)
+
+
+def test_histograms_count_in_u64_whatever_they_are_built_from() -> None:
+    signed = np.array([3, 1])  # int64
+    for h in (Hist(signed), Hist.of([3, 1]), Hist.empty(2), Hist.of_buckets(signed, "nsecs")):
+        assert h.counts.dtype == np.uint64
+    # what it keeps: a count past 2**53 adds exactly (a float count would not)
+    assert (Hist.empty(1) + Hist.of([2**53 + 1])).total == 2**53 + 1
+
+
+def test_histograms_add_their_min_and_max_and_an_empty_one_of_another_layout() -> None:
+    a, b = hist_of([100, 200]), hist_of([50, 300])
+    s = a + b
+    assert (s.total, s.lo, s.hi, s.unit, s.layout) == (4, 50.0, 300.0, "nsecs", Layout(NB))
+    counts = np.zeros(NB, np.uint64)
+    counts[Layout(NB).bucket_of(75)] = 1
+    unknown = Hist.of_buckets(counts, "nsecs")  # min and max not known: the other's
+    assert ((unknown + a).lo, (unknown + a).hi) == (100.0, 200.0)
+    assert ((a + unknown).lo, (a + unknown).hi) == (100.0, 200.0)
+    assert (Hist.empty(32) + a) is a and (a + Hist.empty(32)) is a
+    with pytest.raises(ValueError, match="histograms of different layouts"):
+        Log2Hist.of([1]) + a
+
+
+def test_an_interval_with_nothing_new_keeps_the_unit_and_layout() -> None:
+    h = hist_of([5, 3000])
+    d = h.since(h)
+    assert (d.total, d.unit, d.layout, d.lo, d.hi) == (0, "nsecs", Layout(NB), None, None)
+
+
+def test_an_interval_in_the_last_buckets_keeps_a_max_above_its_values() -> None:
+    """The last bucket holds everything above its nominal bound: an interval's max
+    there is bounded by the max since attach, not by that bound; the bucket before
+    it by its own high."""
+    lay = Layout(NB)
+    prev = hist_of([2**40])
+    d = hist_of([2**40, 2**35]).since(prev)  # in the last bucket, the max did not move
+    assert (d.lo, d.hi, d.unit) == (2.0**35, 2.0**40, "nsecs")
+    d2 = hist_of([2**40, 4_100_000_000]).since(prev)  # in the one before it
+    assert lay.bucket_of(4_100_000_000) == NB - 2
+    assert (d2.lo, d2.hi) == (4_100_000_000.0, lay.highs[NB - 2])
+    a = cell_of([2**40 * 1000])
+    dc = cell_of([2**40 * 1000, 2**35 * 1000]).since(a, 1000)
+    assert (dc.min_ns, dc.max_ns) == (2**35 * 1000, 2**40 * 1000)
+    dc2 = cell_of([2**40 * 1000, 4_100_000_000_000]).since(a, 1000)
+    assert (dc2.min_ns, dc2.max_ns) == (4_100_000_000_000, int(lay.highs[NB - 2]) * 1000 - 1)
+
+
+def test_interval_min_max_of_nothing_is_none() -> None:
+    assert interval_min_max(np.zeros(NB, np.uint64), 50, 900, 50, 900, 1000) == (0, 0)
+
+
+def test_a_cell_from_per_cpu_records_keeps_each_bucket_and_a_min_of_one() -> None:
+    """Records without a tail counter (biolat's), a CPU with min 1 (a queue depth of
+    1), and records where no CPU saw anything."""
+    fields = ("sum_ns", "max_ns", "min_ns")
+    cpus = np.zeros(3, [("buckets", np.uint64, 8)] + [(f, np.uint64) for f in fields])
+    cpus[0]["buckets"][1] = 2
+    cpus[0]["min_ns"], cpus[0]["max_ns"], cpus[0]["sum_ns"] = 1, 3, 4
+    cpus[2]["buckets"][1] = 1
+    cpus[2]["buckets"][4] = 1
+    cpus[2]["min_ns"], cpus[2]["max_ns"], cpus[2]["sum_ns"] = 2, 17, 19
+    got = Cell.of_cpus(cpus)
+    assert got.buckets.tolist() == [0, 3, 0, 0, 1, 0, 0, 0]
+    assert (got.sum_ns, got.max_ns, got.min_ns, got.tail, got.bytes) == (23, 17, 1, 0, 0)
+    none = Cell.of_cpus(np.zeros(2, cpus.dtype))
+    assert (none.buckets.tolist(), none.min_ns, none.max_ns, none.tail) == ([0] * 8, 0, 0, 0)
+
+
+def test_a_cells_histogram_has_its_unit_and_no_min_or_max_when_none() -> None:
+    h = Cell(np.zeros(NB, np.uint64), 0, 0).hist("usecs", 1000)
+    assert (h.unit, h.total, h.lo, h.hi) == ("usecs", 0, None, None)
+    h2 = cell_of([3_000_000]).hist("msecs", 1_000_000)
+    assert (h2.unit, h2.lo, h2.hi) == ("msecs", 3.0, 3.0)
+
+
+def test_cells_add_their_tails_and_two_without_a_min_have_none() -> None:
+    s = cell_of([2000], tail=2) + cell_of([1000], tail=3)
+    assert (s.tail, s.min_ns) == (5, 1000)
+    zero = Cell(np.zeros(NB, np.uint64), 0, 0)
+    assert (zero + zero).min_ns == 0
+
+
+def test_exact_counts_add_merge_and_subtract_their_not_counted() -> None:
+    e = ExactCounts(unit="sectors")
+    e.add(4096, 2)
+    e.add(4096, 3)
+    e.add(512, 0)  # nothing: no entry
+    assert e.counts == {4096: 5}
+    a = ExactCounts({4096: 2, 8192: 1}, "sectors", not_counted=1)
+    b = ExactCounts({4096: 3, 512: 4}, "sectors", not_counted=2)
+    s = a + b
+    assert (s.counts, s.unit, s.not_counted) == ({4096: 5, 8192: 1, 512: 4}, "sectors", 3)
+    assert a.counts == {4096: 2, 8192: 1}  # the sum is a new one
+    d = s.since(a)
+    assert (d.counts, d.unit, d.not_counted) == ({4096: 3, 512: 4}, "sectors", 2)
+    assert ExactCounts().percentile(0.5) == 0.0
+
+
+def test_exact_counts_json_and_render() -> None:
+    e = ExactCounts({512: 50, 4096: 49, 65536: 1}, not_counted=3)
+    assert e.to_json() == {
+        "unit": "bytes",
+        "count": 100,
+        "p50": 512.0,
+        "p99": 4096.0,
+        "min": 512,
+        "max": 65536,
+        "relative_error": 0.0,
+        "values": [
+            {"value": 512, "count": 50},
+            {"value": 4096, "count": 49},
+            {"value": 65536, "count": 1},
+        ],
+        "not_counted": 3,
+    }
+    assert ExactCounts().to_json() == {
+        "unit": "bytes",
+        "count": 0,
+        "p50": 0.0,
+        "p99": 0.0,
+        "min": 0,
+        "max": 0,
+        "relative_error": 0.0,
+        "values": [],
+        "not_counted": 0,
+    }
+    assert ExactCounts({4: 3, 16: 1}).render() == (
+        "     bytes               : count    distribution\n"
+        "         0 -> 1          : 0        |                                        |\n"
+        "         2 -> 3          : 0        |                                        |\n"
+        "         4 -> 7          : 3        |****************************************|\n"
+        "         8 -> 15         : 0        |                                        |\n"
+        "        16 -> 31         : 1        |*************                           |"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import os
@@ -15,10 +16,18 @@ import pytest
 from meridian.bpf import BpfObject, object_path
 from meridian.cli import build_parser
 from meridian.errors import UsageError
+from meridian.proc import start_wall_ns
 from meridian.tools.io import event_format as io_format
 from meridian.tools.io.cli import options_from_args
 from meridian.tools.io.event_format import CHUNK, EventFormatter
-from meridian.tools.io.model import summarize
+from meridian.tools.io.model import (
+    OpStats,
+    PidSummary,
+    first_comm,
+    latency_hist,
+    op_name,
+    summarize,
+)
 from meridian.tools.io.report import report
 
 if not object_path("io").exists():
@@ -263,3 +272,117 @@ def test_summary_tells_losses_from_what_had_no_process_to_charge() -> None:
     out = io.StringIO()
     report([], {"wb_unattributed": 5}, 1.0, False, out)
     assert "lost" not in out.getvalue().replace("not a loss", "")
+
+
+def test_summary_json_has_every_field_of_each_op() -> None:
+    """One process's reads (60 cached at ~1 us, 39 from disk at ~1 us, 1 at ~1 ms) and
+    writes (1 cached, 2 from disk) on two CPUs, as the kernel keeps them, to JSON."""
+    from meridian.hist import Layout
+    from meridian.tools.io.model import NBUCKETS, summarize_processes
+
+    _, key_dt, val_dt = dtypes()
+    keys = np.zeros(4, dtype=key_dt)
+    keys["pid"], keys["start"] = 100, 7
+    keys["op"] = [0, 0, 1, 5]  # 5: past write reads as write
+    keys["cached"] = [1, 0, 1, 0]
+    vals = np.zeros((4, 2), dtype=val_dt)
+    vals["ops"] = [[20, 40], [39, 1], [1, 0], [0, 2]]
+    vals["bytes"] = [[2000, 4000], [3900, 100], [1000, 0], [0, 2000]]
+    vals["bytes_requested"] = [[4000, 8000], [7800, 200], [1000, 0], [0, 2000]]
+    vals["disk_bytes"] = [[0, 0], [4096, 4096], [0, 0], [0, 8192]]
+    vals["io_wait_ns"] = [[0, 0], [5000, 7000], [0, 0], [0, 900]]
+    vals["latency_sum_ns"] = [[20000, 40000], [39000, 1_000_050], [500, 0], [0, 1000]]
+    vals["latency_min_ns"] = [[1030, 1040], [1050, 0], [500, 0], [0, 1]]
+    vals["latency_max_ns"] = [[1050, 1060], [1070, 1_048_581], [500, 0], [0, 999]]
+    vals["first_ns"] = [[0, 1], [3, 0], [9, 0], [0, 0]]  # the disk writes: no first time
+    vals["last_ns"] = [[5, 8], [6, 0], [9, 0], [0, 12]]
+    vals["comm"][0, 1] = b"ca\xfft"
+    lay = Layout(NBUCKETS)
+    vals["buckets"][0, 0, lay.bucket_of(1030)] = 20
+    vals["buckets"][0, 1, lay.bucket_of(1030)] = 40
+    vals["buckets"][1, 0, lay.bucket_of(1030)] = 39
+    vals["buckets"][1, 1, lay.bucket_of(1 << 20)] = 1
+    vals["buckets"][2, 0, lay.bucket_of(500)] = 1
+    vals["buckets"][3, 1, lay.bucket_of(1)] = 1
+    vals["buckets"][3, 1, lay.bucket_of(999)] = 1
+    with pytest.raises(ValueError):
+        summarize_processes(keys[:3], vals)  # one value per key
+    (ps,) = summarize_processes(keys, vals).values()
+    assert (ps.pid, ps.start, ps.comm) == (100, 7, "ca\ufffdt")
+    rd, wr = ps.total("read"), ps.total("write")
+    assert (wr.hist.lo, wr.hist.hi, wr.hist.unit) == (1.0, 999.0, "nsecs")  # a min of 1 ns
+    assert (rd.first_ns, wr.first_ns, ps.total("write", False).first_ns) == (1, 9, 0)
+    d = ps.as_dict(3.0)
+    started = datetime.datetime.fromisoformat(d["start_time"]).timestamp()
+    assert abs(started - start_wall_ns(7) / 1e9) < 0.01  # 7 ticks after boot
+    assert d["read"]["latency"] == rd.hist.to_json()
+    assert d["write"]["latency"] == wr.hist.to_json()
+    assert {k: v for k, v in d.items() if k not in ("read", "write", "start_time")} == {
+        "type": "summary", "pid": 100, "comm": "ca\ufffdt"
+    }  # fmt: skip
+    assert {k: v for k, v in d["read"].items() if k != "latency"} == {
+        "ops": 100,
+        "bytes": 10000,
+        "bytes_requested": 20000,
+        "disk_bytes": 8192,
+        "cached_ops": 60,
+        "disk_ops": 40,
+        "io_wait_ns": 12000,
+        "bytes_per_s": 3333.3,
+        "latency_avg_ns": 10990,  # 1_099_050 // 100, whole ns
+        "latency_p50_ns": 1059,  # rank 50 of 99 in [1024, 1088) narrowed to min 1030
+        "latency_p99_ns": 1088,  # rank 99 of 99: that bucket's high
+        "latency_max_ns": 1_048_581,
+        "cache_hit_ratio": 0.6,
+        "first_ns": 1,
+        "last_ns": 8,
+    }
+    assert {k: v for k, v in d["write"].items() if k != "latency"} == {
+        "ops": 3,
+        "bytes": 3000,
+        "bytes_requested": 3000,
+        "disk_bytes": 8192,
+        "cached_ops": 1,
+        "disk_ops": 2,
+        "io_wait_ns": 900,
+        "bytes_per_s": 1000.0,
+        "latency_avg_ns": 500,
+        "latency_p50_ns": 504,  # rank 1.5 of 3: the middle of [496, 512)
+        "latency_p99_ns": 999,  # rank 2.97 of 3 in [992, 1024) narrowed to max 999
+        "latency_max_ns": 999,
+        "cache_hit_ratio": 0.333333,
+        "first_ns": 9,
+        "last_ns": 12,
+    }
+    assert ps.as_dict(0.5)["write"]["bytes_per_s"] == 6000.0
+    assert ps.as_dict(0.0)["write"]["bytes_per_s"] is None
+    writer = PidSummary(1, "dd", {("write", False): ps.cells[("write", False)]})
+    wd = writer.as_dict(1.0)  # no reads: only a write entry, none of it cached
+    assert "read" not in wd and wd["write"]["cache_hit_ratio"] == 0.0
+    assert writer.hit_ratio("read") is None and writer.hit_ratio("write") == 0.0
+
+
+def test_op_stats_and_summaries_add_up() -> None:
+    a = OpStats(ops=1, bytes_requested=10, latency_sum_ns=100, disk_bytes=4096)
+    a.add(OpStats(ops=2, bytes_requested=5, latency_sum_ns=50))
+    assert (a.ops, a.bytes_requested, a.latency_sum_ns, a.disk_bytes, a.first_ns) == (
+        3, 15, 150, 4096, 0
+    )  # fmt: skip
+    assert a.hist.unit == "nsecs" and a.hist.total == 0
+    a.add(OpStats(ops=1, first_ns=7))
+    assert a.first_ns == 7
+    x = PidSummary(1, "a", {("read", True): OpStats(ops=2, bytes=20)})
+    y = PidSummary(2, "b", {("read", True): OpStats(ops=3, bytes=30)})
+    y.cells[("write", False)] = OpStats(ops=1, bytes=4096)
+    x.merge(y)
+    assert {c: (s.ops, s.bytes) for c, s in x.cells.items()} == {
+        ("read", True): (5, 50), ("write", False): (1, 4096)
+    }  # fmt: skip
+    x.cells[("write", False)].add(OpStats(ops=1))
+    assert y.cells[("write", False)].ops == 1  # merged into a cell of its own
+    assert op_name(0) == "read" and op_name(1) == op_name(2) == "write"
+    _, _, val_dt = dtypes()
+    nothing = np.zeros(2, dtype=val_dt)
+    assert first_comm(nothing) == ""
+    h = latency_hist(nothing)
+    assert (h.total, h.lo, h.hi, h.unit) == (0, None, None, "nsecs")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from meridian.bpf import BpfObject, object_path
-from meridian.hist import Layout
+from meridian.hist import Hist, Layout
 from meridian.tools.io.model import NBUCKETS
-from meridian.tools.io.pid_table import NS, PidTable
+from meridian.tools.io.pid_table import NS, OpView, PidTable, delete_keys
 
 if not object_path("io").exists():
     pytest.skip("BPF objects not built (make bpf)", allow_module_level=True)
@@ -217,3 +217,88 @@ def test_process_alive_checks_the_start_and_rechecks_it_only_now_and_then(
     assert alive(42, 500)  # not re-read yet: the directory is there
     clock[0] = 11 * NS
     assert not alive(42, 500) and alive(42, 900)
+
+
+def test_rolling_rates_are_rounded_for_json() -> None:
+    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid, start: True)
+    m.io(100, 0, 1, 1, 1000, disk=(1000, 0))
+    table.update(*m.snapshot(), 3_000_400_000)  # 3.0004 s after the start
+    assert table.rolling()[100]["read"]["10s"] == {
+        "bytes_per_s": 333.3, "ops_per_s": 0.333, "disk_bytes_per_s": 333.3, "span_s": 3.0
+    }  # fmt: skip
+
+
+def hist_of(*values: int) -> Hist:
+    counts = np.zeros(NBUCKETS, np.uint64)
+    for v in values:
+        counts[Layout(NBUCKETS).bucket_of(v)] += np.uint64(1)
+    return Hist.of_buckets(counts, "nsecs", float(min(values)), float(max(values)))
+
+
+def test_op_views_add_up_into_a_comm_row() -> None:
+    def view(n: int, first: int) -> OpView:
+        return OpView(
+            ops=n, bytes=10 * n, cached_ops=n - 1, disk_bytes=4096 * n, latency_max_ns=n,
+            first_ns=first, last_ns=100 - n,
+            bytes_per_s={1: 1.0 * n, 10: 2.0 * n, 60: 3.0 * n},
+            ops_per_s={1: 0.5 * n, 10: 0.25 * n, 60: 0.125 * n},
+            disk_bytes_per_s={1: 8.0 * n, 10: 0.0, 60: 4.0 * n},
+            io_wait_ns_per_s={1: 100.0 * n, 10: 50.0 * n, 60: 0.0},
+            span_s={1: 1.0, 10: 10.0 - n, 60: 55.0 + n},
+            interval_ops=2 * n, interval_cached_ops=n,
+            interval_hist=hist_of(*[1000] * n), hist=hist_of(*[1000] * (3 * n)),
+        )  # fmt: skip
+
+    a = view(2, 0)
+    a.add(view(3, 0))
+    assert (a.ops, a.bytes, a.cached_ops, a.disk_bytes) == (5, 50, 3, 20480)
+    assert (a.latency_max_ns, a.first_ns, a.last_ns) == (3, 0, 98)
+    assert a.bytes_per_s == {1: 5.0, 10: 10.0, 60: 15.0}
+    assert a.ops_per_s == {1: 2.5, 10: 1.25, 60: 0.625}
+    assert a.disk_bytes_per_s == {1: 40.0, 10: 0.0, 60: 20.0}
+    assert a.io_wait_ns_per_s == {1: 500.0, 10: 250.0, 60: 0.0}
+    assert a.span_s == {1: 1.0, 10: 8.0, 60: 58.0}
+    assert (a.interval_ops, a.interval_cached_ops) == (10, 5)
+    assert (a.interval_hist.total, a.hist.total) == (5, 15)
+    assert a.hit_ratio() == 0.5 and a.hit_ratio(interval=False) == 0.6
+    assert a.percentile_ns(0.5) == a.percentile_ns(0.5, interval=False) == 1000.0
+    a.add(view(1, 7))
+    assert a.first_ns == 7
+    a.add(view(1, 3))
+    assert a.first_ns == 3
+    assert OpView().hit_ratio() is None and OpView().hit_ratio(interval=False) is None
+    assert OpView().percentile_ns(0.5) is None
+    assert OpView(hist=hist_of(5)).percentile_ns(0.5, interval=False) == 5.0
+
+
+def test_other_maps_processes_go_after_the_grace_period() -> None:
+    alive = {1}
+    table = PidTable(start_ns=0, grace_s=30, alive=lambda pid, start: pid in alive)
+    procs = [(1, 10), (2, 20)]
+    assert table.gone(procs, 0) == [] and table.other_dead == {(2, 20): 0}
+    assert table.gone(procs, 29 * NS) == []
+    assert table.gone(procs, 30 * NS) == [(2, 20)] and table.other_dead == {}
+    assert table.gone([(3, 30)], 40 * NS) == []
+    alive.add(3)  # seen alive again: its grace starts over when it is gone again
+    assert table.gone([(3, 30)], 50 * NS) == [] and table.other_dead == {}
+    alive.discard(3)
+    assert table.gone([(3, 30)], 60 * NS) == []
+    assert table.gone([(3, 30)], 89 * NS) == []
+    assert table.gone([(3, 30)], 90 * NS) == [(3, 30)]
+    assert table.gone([(4, 40)], 91 * NS) == [] and table.other_dead == {(4, 40): 91 * NS}
+    assert table.gone([], 92 * NS) == [] and table.other_dead == {}  # not in the map now
+
+
+def test_delete_keys_counts_the_keys_that_were_there() -> None:
+    class Map:
+        def __init__(self) -> None:
+            self.keys = {1, 3}
+
+        def delete(self, k: int) -> bool:
+            if k not in self.keys:
+                return False
+            self.keys.discard(k)
+            return True
+
+    m = Map()
+    assert delete_keys(m, [1, 2, 3]) == 2 and m.keys == set()
