@@ -6,6 +6,7 @@ the test's outcome. iperf3 runs between them for a bounded time."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import shutil
@@ -128,8 +129,9 @@ def netns_pair(tag: str = "") -> Iterator[NetnsPair]:
         veth_b=f"mvb{suffix}",
         addr_a=f"10.231.{n}.1",
         addr_b=f"10.231.{n}.2",
-        addr6_a=f"fd00:231:{n:x}::1",
-        addr6_b=f"fd00:231:{n:x}::2",
+        # as the tools print them (canonical: fd00:231::1 where n is 0)
+        addr6_a=str(ipaddress.IPv6Address(f"fd00:231:{n:x}::1")),
+        addr6_b=str(ipaddress.IPv6Address(f"fd00:231:{n:x}::2")),
     )
     try:
         _ip("netns", "add", pair.a)

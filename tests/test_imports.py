@@ -121,9 +121,47 @@ def test_tools_import_no_other_tool() -> None:
     assert sorted(offenders) == []
 
 
+def tool_packages(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph of the tools' sub-packages (and top modules), `tool.sub`: one
+    imports another when any module of the first imports any of the second."""
+    out: dict[str, set[str]] = {}
+
+    def package(module: str) -> str | None:
+        parts = module.split(".")
+        return ".".join(parts[2:4]) if len(parts) > 3 and parts[1] == "tools" else None
+
+    for name, deps in edges.items():
+        if (mine := package(name)) is None:
+            continue
+        out.setdefault(mine, set())
+        for dep in deps:
+            other = package(dep)
+            if other is not None and other != mine and other.split(".")[0] == mine.split(".")[0]:
+                out[mine].add(other)
+    return out
+
+
+def test_tool_packages_sees_a_cycle_no_module_closes() -> None:
+    t = "meridian.tools.t"
+    edges = {f"{t}.a.x": {f"{t}.b.y"}, f"{t}.b.y": set(), f"{t}.b.z": {f"{t}.a.w"}}
+    assert find_cycle(edges) is None
+    assert find_cycle(tool_packages(edges)) == ["t.a", "t.b", "t.a"]
+
+
+def test_no_package_cycle_inside_a_tool() -> None:
+    """No sub-package of a tool imports one that imports it back, even through others
+    (sentinel's api/ is typed against control.Control: the agent starts the API, and
+    the API never imports the agent)."""
+    packages = tool_packages(graph())
+    assert "sentinel.api" in packages["sentinel.agent"]
+    cycle = find_cycle(packages)
+    assert cycle is None, "package cycle: " + " -> ".join(cycle or [])
+
+
 SENTINEL = "meridian.tools.sentinel"
 # Sentinel's layers: a sub-package may import only these of sentinel's others (the
-# agent, the CLI and the API build on everything; storage and detectors are plug-ins).
+# agent and the CLI build on everything, the API on all but the agent, which it knows
+# as control.Control; storage and detectors are plug-ins).
 LAYERS = {
     "model": set(),
     "symbols": {"model"},
@@ -132,9 +170,13 @@ LAYERS = {
     "pipeline": {"model", "symbols", "config"},
     "detectors": {"model"},
     "storage": {"model"},
-    "query": {"model", "storage", "sources", "pipeline", "config"},
+    "query": {"model", "storage", "sources", "config"},
     "outputs": {"model", "config", "pipeline"},
+    # what the API asks of a running agent: a Protocol over the layers' types
+    "control": {"model", "symbols", "config", "pipeline", "storage"},
+    "api": {"model", "config", "pipeline", "storage", "query", "control"},
 }
+LAYERS["agent"] = set(LAYERS)  # every one above, the API too (it starts the server)
 
 
 def layer_of(module: str) -> str | None:
@@ -147,7 +189,8 @@ def layer_of(module: str) -> str | None:
 
 def test_sentinel_layers_import_only_what_lies_below() -> None:
     """model/ imports nothing of sentinel; pipeline/ never imports outputs or the API;
-    query/ never the outputs or the config: the architecture is in the imports."""
+    query/ never the outputs, the pipeline or the config's internals; the API never the
+    agent: the architecture is in the imports."""
     offenders = sorted(
         f"{name} imports {dep}"
         for name, deps in graph().items()
@@ -170,4 +213,4 @@ def test_every_sentinel_module_is_in_a_layer() -> None:
     """Only the package's entry (`__init__`, `cli`) sits at its top."""
     top = sorted(n for n in graph() if n.startswith(SENTINEL) and layer_of(n) is None)
     assert top == [SENTINEL, f"{SENTINEL}.cli"]
-    assert set(LAYERS) | {"agent", "api"} >= {layer_of(n) for n in graph() if layer_of(n)}
+    assert set(LAYERS) >= {layer_of(n) for n in graph() if layer_of(n)}

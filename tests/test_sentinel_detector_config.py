@@ -10,7 +10,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_sentinel_detectors import SEC, T0, A, hitm, remote
+from sentinel_values import remote
+from test_sentinel_detectors import SEC, T0, A, hitm
 
 from meridian.errors import UsageError
 from meridian.tools.sentinel.agent.findings import Findings, detector_context

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from sentinel_values import remote
 
 from meridian.tools.sentinel.detectors import DetectorContext, Finding, create_all, detector_types
 from meridian.tools.sentinel.detectors.false_sharing import FalseSharing, FalseSharingFinding
@@ -154,21 +155,6 @@ def test_the_line_is_joined_to_its_data_object(tmp_path: Path) -> None:
 
 
 # ---- remote DRAM -----------------------------------------------------------------------
-
-
-def remote(rows: list[tuple[int, int, int, int]]) -> Array:
-    """Remote-DRAM samples: `n` per (flow, node, ifindex, n), 1 us apart."""
-    flat = [(f, node, i) for f, node, i, n in rows for _ in range(n)]
-    n = len(flat)
-    return make_samples(
-        n,
-        event=Event.REMOTE_DRAM,
-        flow_id=[f for f, _, _ in flat],
-        numa_node=[node for _, node, _ in flat],
-        ifindex=[i for _, _, i in flat],
-        data_addr=0x7F20_0000_0000,
-        time_ns=T0 + np.arange(n, dtype=np.uint64) * np.uint64(1000),
-    )
 
 
 def test_remote_dram_counts_per_flow_node_and_interface() -> None:

@@ -45,11 +45,15 @@ class Windows:
         self.rt = Runtime(cfg, MockSource(cpus=1), clock=self.clock, cpus=[0], log=lambda _: None)
         self.agg = Aggregator(cfg.aggregator.time_window_ns, IpResolver(frozenset({IDLE_FN})))
         self.dropped = {"token_bucket": 0, "hard_drop": 0, "ring_full": 0}
+        self.flusher = self.flusher_over(self.agg)
+
+    def flusher_over(self, agg: Any) -> Flusher:
+        """A Flusher of this runtime, from now, over `agg` (anything with flush_array)."""
         rt = self.rt
-        self.flusher = Flusher(
+        return Flusher(
             rt.state,
             rt.plan,
-            self.agg,
+            agg,
             calibrator=rt.calibrator,
             names=rt.names,
             metrics=rt.metrics,

@@ -41,7 +41,14 @@ def metrics(port: int) -> dict[str, Any]:
 
 
 # the kernel's network path, from the socket calls to the device
-NETWORK = re.compile(r"_*(tcp|ip6?|udp|sock|skb|netif|napi|veth|dev|sys_send|sys_recv)_")
+# Code on a stream's packet path. Under TCG a stream's samples may lie mostly in the
+# payload's copies (copy_user_*, from tcp_sendmsg and tcp_recvmsg) and in the agent's
+# own per-packet programs, which run inside netif_receive_skb and the transmit path
+# (a 6.1 guest: copy_user_enhanced_fast_string, bpf_prog_<tag>_ms_btf_rx).
+NETWORK = re.compile(
+    r"_*(tcp|ip6?|udp|sock|skb|netif|net|napi|veth|dev|sys_send|sys_recv|copy_user)_"
+    r"|bpf_prog_[0-9a-f]+_ms_[a-z]+_(rx|tx)$"
+)
 
 
 def kernel_symbols() -> set[str]:
@@ -110,20 +117,32 @@ def test_a_stream_through_the_agent_to_metrics_json_and_summary(tmp_path: Path) 
             row for row in summary["flows"]
             if row.get("label") == label and row["direction"] == direction
         ]  # fmt: skip
-        assert in_windows == total["samples"] > 0, direction
-    assert sum(w["samples"] for w in windows) == summary["samples"]
-    # where the stream was paid: kernel functions by name, and kernel stacks through
-    # the network stack (its hottest three stacks: in a guest, waits in the scheduler
-    # right after a packet can outrank the TCP path)
+        assert in_windows == total["samples"] > 0, (direction, err.read_text()[-1500:])
+    assert sum(w["samples"] for w in windows) == summary["samples"], err.read_text()[-1500:]
+    # where the stream was paid: kernel functions by name, and kernel stacks; the
+    # network stack among the hottest three functions of a window or the summary's
+    # hottest three stacks (in a guest under TCG, waits in the scheduler and futexes
+    # right after a packet can outrank the TCP path for the whole run)
     rows = [row for row in summary["flows"] if row.get("label") == label]
     symbols = kernel_symbols()
     names = {f["function"] for row in rows for f in row["functions"]}
     assert names & symbols, names
     frames = [frame for row in rows for stack in row["stacks"] for frame in stack["frames"]]
     kernel = [f.split("+")[0] for f in frames if f.endswith("([kernel])")]
-    assert kernel, frames
+    assert kernel, (frames, err.read_text()[-1500:])
+    window_functions = {
+        f["function"]
+        for w in windows
+        for row in w["flows"]
+        if row.get("label") == label
+        for f in row["functions"]
+    }
     stacks = [(st.get("samples"), st["frames"][:8]) for row in rows for st in row["stacks"]]
-    assert any(NETWORK.match(name) for name in [*kernel, *names]), (names, stacks)
+    assert any(NETWORK.match(name) for name in [*kernel, *names, *window_functions]), (
+        window_functions,
+        stacks,
+        err.read_text()[-1500:],
+    )
 
 
 def mode(port: int) -> float | None:

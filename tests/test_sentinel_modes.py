@@ -146,3 +146,50 @@ def test_safety_level_sheds_while_over_the_budget() -> None:
     gov.update(0, 1000)
     assert not gov.throttled and gov.max_events_per_group == 4
     assert gov.update(10, 0) == N  # no budget known: no ratio
+    assert gov.update(10, 1) == H  # a budget of 1/s is a budget
+    low = SentinelConfig()
+    low.mode.shed_high, low.mode.shed_low = 0.8, 0.4  # valid: shed before the budget
+    assert SafetyGovernor(low).update(10, 0) == N  # still no ratio without a budget
+
+
+def test_each_mode_change_says_why() -> None:
+    """The reason the runtime logs with a change of mode ("mode diagnostic: ..."),
+    set only when the mode changes."""
+    clock = Clock()
+    mc = ModeController(cfg(), clock)
+    assert mc.reason == "initial (sentinel)"
+    assert mc.update(950, now=0) == D and mc.reason == "samples/s 950 >= 900"
+    assert mc.update(400, now=SEC) == S and mc.reason == "samples/s 400 < 500"
+    assert mc.force("diagnostic") == D and mc.reason == "pinned to diagnostic"
+    mc.force(S)
+    assert mc.trigger(now=2 * SEC) and mc.mode == S  # held back by the pin ...
+    mc.force(None)
+    assert mc.update(0, now=3 * SEC) == D and mc.reason == "anomaly"  # ... until released
+    fixed = ModeController(cfg(auto=False), clock)
+    assert fixed.trigger(now=0, why="latency probe") and fixed.reason == "latency probe"
+    triggered, held = ModeController(cfg(), clock), ModeController(cfg(), clock)
+    assert triggered.trigger(now=0) and triggered.reason == "anomaly"  # the default
+    assert held.force_diagnostic(SEC, now=0) and held.reason == "anomaly"
+    assert fixed.update(0, now=30 * SEC) == S
+    assert fixed.reason == "anomaly hold over, back to sentinel"
+
+
+def test_a_hold_begins_at_the_time_given_or_the_clock() -> None:
+    """force_diagnostic and trigger take `now` when given, the clock's otherwise; a hold
+    ending now or earlier holds nothing; a pinned mode is not changed by one."""
+    clock = Clock()
+    clock.now = 5 * SEC
+    mc = ModeController(cfg(), clock)
+    assert mc.force_diagnostic(10 * SEC, why="probe") and (mc.mode, mc.reason) == (D, "probe")
+    assert mc.forced_until == 10 * SEC
+    late = ModeController(cfg(), Clock())  # its clock at 0
+    assert late.force_diagnostic(5 * SEC, now=5 * SEC) and late.mode == S  # over already
+    assert late.force_diagnostic(6 * SEC, now=7 * SEC) and late.mode == S
+    pinned = ModeController(cfg(), Clock())
+    pinned.force(S)
+    assert pinned.force_diagnostic(10 * SEC, now=0) and pinned.mode == S
+    # trigger: its refractory period from the `now` given, not from the clock (at 0)
+    tr = ModeController(cfg(), Clock())
+    assert tr.trigger(now=0) and tr.forced_until == 30 * SEC
+    assert not tr.trigger(now=29 * SEC)
+    assert tr.trigger(now=40 * SEC) and tr.forced_until == 70 * SEC

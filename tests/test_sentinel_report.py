@@ -22,7 +22,13 @@ from meridian.tools.sentinel.agent.runtime import Runtime
 from meridian.tools.sentinel.config.load import SentinelConfig
 from meridian.tools.sentinel.model.flows import FlowKey
 from meridian.tools.sentinel.model.records import IDLE, RX, Event
-from meridian.tools.sentinel.model.rollup import PROVISIONAL_BASE, UNRESOLVED
+from meridian.tools.sentinel.model.rollup import (
+    GONE_STACK,
+    PROVISIONAL_BASE,
+    SKIPPED_STACK,
+    UNRESOLVED,
+    UNRESOLVED_LABEL,
+)
 from meridian.tools.sentinel.model.window import FlowStat, Totals, WindowInfo
 from meridian.tools.sentinel.outputs.live import render_live, render_summary, summary_json
 from meridian.tools.sentinel.pipeline.aggregator import Aggregator
@@ -289,10 +295,10 @@ class Names:
 
 
 def test_no_internal_id_is_printed() -> None:
-    """The summary of a flow of one sample and a row of no flow whose hottest stack
-    is unresolved: no 2**64-1 (text or JSON), stacks by rank, singular and plural
-    right, no direction for no flow; a provisional id ranks with the function it
-    resolved to."""
+    """The summary of a flow of one sample and a row of no flow whose costliest stack
+    is unresolved: no 2**64-1 (text or JSON), the real stack ranked before the label
+    (which lumps many stacks), singular and plural right, no direction for no flow; a
+    provisional id ranks with the function it resolved to."""
     totals = Totals()
     one = FlowStat(FLOW.flow_id, RX, int(Event.CPU_CLOCK), 1, 1.0, {5: 1.0}, {9: 1.0})
     nothing = FlowStat(0, RX, int(Event.CPU_CLOCK), 3, 3.0)
@@ -309,18 +315,31 @@ def test_no_internal_id_is_printed() -> None:
     assert "4 samples in 1.0s (1 window)" in text
     assert f"\n{LABEL} rx cpu-clock: 1 sample, norm cost" in text
     assert "\n(no flow) cpu-clock: 3 samples, norm cost" in text
-    assert "  stack #1 (66.7%):" in text and "  stack #2 (33.3%):" in text
+    assert "  stack #1 (33.3%):" in text and "  stack #2 (66.7%):" in text
     assert " 33.3%  fn" in text  # 0.5 + 0.5: one row
     table = [line.split() for line in text.splitlines() if line.startswith("(no flow)")]
     assert table[0][2] == "cpu-clock"  # no direction column value
     none = row(obj, "(no flow)")
     assert none["flow"] is None and none["direction"] is None
-    assert [(s["rank"], s["stack_id"]) for s in none["stacks"]] == [(1, None), (2, 9)]
+    assert [(s["rank"], s["stack_id"]) for s in none["stacks"]] == [(1, 9), (2, None)]
+    assert none["stacks"][1]["frames"] == [UNRESOLVED_LABEL]
     assert [f["norm_cost"] for f in none["functions"]] == [2.0, 1.0]
     live = render_live([nothing, one], info, Names(), size=(120, 10))
     assert "flows 1" in live
     (line,) = [x for x in live.splitlines() if x.startswith("(no flow)")]
     assert line.split()[2] == "cpu-clock"
+
+
+def test_labels_do_not_push_real_stacks_out_of_the_top() -> None:
+    """A loaded host: the stacks not read, unresolved and gone outweigh each real stack;
+    the row's three stacks are still its three costliest real ones."""
+    totals = Totals()
+    loaded = FlowStat(FLOW.flow_id, RX, int(Event.CPU_CLOCK), 10, 10.0, {5: 10.0})
+    loaded.stacks = {UNRESOLVED: 3.0, GONE_STACK: 2.5, SKIPPED_STACK: 2.0, 9: 1.0, 7: 0.75}
+    loaded.stacks |= {11: 0.5, 13: 0.25}
+    totals.add([loaded])
+    obj = summary_json(totals, 1.0, WindowInfo(1.0, "sentinel", "mock"), Names())
+    assert [s["stack_id"] for s in row(obj, LABEL)["stacks"]] == [9, 7, 11]
 
 
 # ---- the run's totals, bounded -------------------------------------------------------

@@ -87,9 +87,12 @@ def test_every_group_falling_back_to_cpu_clock_is_not_scaled() -> None:
 
 
 def test_bad_groups() -> None:
-    with pytest.raises(ValueError, match="at least one group"):
+    with pytest.raises(
+        ValueError, match=r"^the rotator needs at least one group, each with an event$"
+    ):
         PmuRotator([], 100, Clock())
     with pytest.raises(ValueError, match="at least one group"):
         PmuRotator([["a"], []], 100, Clock())
     with pytest.raises(ValueError, match="above 0 ns"):
         PmuRotator([["a"]], 0, Clock())
+    assert PmuRotator([["a"]], 1, Clock()).current() == ["a"]  # 1 ns is above 0

@@ -211,3 +211,15 @@ class NoNames:
 
     def stack(self, stack_id: int) -> list[str]:
         return []
+
+
+def test_an_event_the_source_cannot_open_is_left_out_and_the_rest_kept() -> None:
+    """A resolver that cannot open the first event of a group: the others still count;
+    an event the rotation has no name for is shown by its key."""
+    names: dict[int, str] = {}
+    cycles, llc = LOGICAL["cycles"], LOGICAL["llc-misses"]
+    keys = opened_keys([cycles, llc], lambda e: None if e is cycles else e, names)
+    assert keys == [spec_key(llc)] and names == {spec_key(llc): "llc-misses"}
+    s = EventScales()
+    s.set_rotation({77: 2.0}, {})
+    assert s.by_name() == {"77": 2.0}

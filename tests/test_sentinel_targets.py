@@ -83,13 +83,41 @@ def test_set_replaces() -> None:
 @pytest.mark.parametrize(
     ("target", "message"),
     [
-        ({"port": 80}, "unknown target key 'port'"),
+        ({"port": 80}, "unknown target key 'port': use one of flow_id, pid, tid, cgroup, ifindex"),
         ({"pid": "x"}, "target pid: 'x' is not a number"),
-        ({"pid": -1}, "out of range"),
-        ({"pid": True}, "not a number"),
-        ({}, "an empty target"),
+        ({"pid": 1.5}, "target pid: 1.5 is not a number"),
+        ({"pid": -1}, "target pid: -1 is out of range"),
+        ({"flow_id": 1 << 64}, f"target flow_id: {1 << 64} is out of range"),
+        ({"pid": True}, "target pid: True is not a number"),
+        ({}, "an empty target: name at least one of flow_id, pid, tid, cgroup, ifindex"),
     ],
 )
 def test_bad_targets(target: dict[str, object], message: str) -> None:
-    with pytest.raises(UsageError, match=message):
+    with pytest.raises(UsageError) as exc:
         TargetFilter([target])
+    assert str(exc.value) == message
+
+
+def test_the_largest_id_and_a_union_over_keys() -> None:
+    """A flow id is any u64; single-key targets of different keys add up (a sample
+    passes on either); a filter with targets is true, and its mask is per sample."""
+    assert TargetFilter([{"flow_id": (1 << 64) - 1}]).targets == [{"flow_id": (1 << 64) - 1}]
+    assert kept([{"pid": 10}, {"cgroup": 8}]) == [
+        1000,
+        1001,
+        1003,
+        1004,
+        1005,
+        1007,
+        1008,
+        1009,
+        1011,
+    ]
+    assert TargetFilter([{"pid": 10}])
+    everything = TargetFilter().mask(S)
+    assert everything.dtype == bool and everything.tolist() == [True] * N
+    # 16 hex digits are a flow id as /metrics labels it; other text is decimal or 0x
+    assert TargetFilter([{"flow_id": "101"}, {"pid": "1234567890123456"}]).targets == [
+        {"flow_id": 101},
+        {"pid": 1234567890123456},
+    ]

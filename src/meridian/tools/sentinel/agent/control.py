@@ -21,8 +21,9 @@ __all__ = ["RuntimeControl"]
 
 
 class RuntimeControl:
-    """What the API calls. `cfg` holds the budgets as set, `symbolizer` the registered
-    JIT regions and data objects, `targets` the monitoring targets."""
+    """What the API calls: control.Control, which the API is typed against (plus the
+    anomaly monitor's `anomaly`). `cfg` holds the budgets as set, `symbolizer` the
+    registered JIT regions and data objects, `targets` the monitoring targets."""
 
     def __init__(
         self, state: RuntimeState, plan: Plan, targets: TargetFilter, symbolizer: Symbolizer

@@ -62,7 +62,12 @@ if TYPE_CHECKING:
 
 __all__ = ["JOIN_S", "Runtime"]
 
-JOIN_S = 5.0  # stop() waits this long for each thread
+JOIN_S = 5.0  # stop() waits this long for the symbols and the flush thread
+# ... and this long for the consumer: its drain puts the ring's last samples in the
+# last window. A drain abandoned after JOIN_S leaves the summary short of samples the
+# windows counted as delivered (the likely cause of one such summary in a loaded TCG
+# guest); it takes well under a second on a host.
+DRAIN_JOIN_S = 30.0
 SYMBOLS_SHARE = 0.25  # of one core, at most, on average: the symbols thread's slow reads
 SYMBOLS_S = 0.1  # its period while addresses wait for a slow read
 SWEEP_S = 1.0  # its longest sleep, and how often it looks for exited processes
@@ -135,17 +140,17 @@ class Runtime:
         stop() as after start()."""
         state = self.state
         state.started = True
-        load_kernel = getattr(self.symbolizer, "load_kernel", None)
-        if load_kernel is not None:  # before sampling starts
-            load_kernel()
         try:
             src = self._source_or_factory
             self.source = cast("SampleSource", src) if hasattr(src, "poll") else _make(src)
             consumer = self._open(self.source)
+            self.started_ns = state.clock()  # the first window: from the source's start
+            load_kernel = getattr(self.symbolizer, "load_kernel", None)
+            if load_kernel is not None:  # before the consumer runs, after the source's
+                load_kernel()  # BPF programs are loaded: samples in them are named
         except BaseException:
             self._close_source()
             raise
-        self.started_ns = state.clock()
         self._flusher = Flusher(
             state,
             self.plan,
@@ -249,13 +254,17 @@ class Runtime:
             state.observers.close()
 
     def _join(self) -> None:
-        for name in ("sentinel-symbols", "sentinel-flush", "sentinel-consumer"):
+        for name, wait in (
+            ("sentinel-symbols", JOIN_S),
+            ("sentinel-flush", JOIN_S),
+            ("sentinel-consumer", DRAIN_JOIN_S),
+        ):
             t = self._threads.get(name)
             if t is not None:
-                t.join(JOIN_S)
+                t.join(wait)
                 if t.is_alive():
                     self._abandoned.add(name)
-                    self.state.log(f"thread {name} did not stop within {JOIN_S:g}s")
+                    self.state.log(f"thread {name} did not stop within {wait:g}s")
 
     def _close_source(self) -> None:
         src, self.source = self.source, None

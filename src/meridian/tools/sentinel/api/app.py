@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from .... import __version__
-from ..agent.control import RuntimeControl
+from ..control import Control
 from .deps import PREFIX
 from .errors import handle_errors
 from .guard import MAX_BODY, ASGIApp, Guard
@@ -61,9 +61,7 @@ def _responses(secured: bool) -> dict[int | str, dict[str, Any]]:
     return out
 
 
-def build_app(
-    rt: RuntimeControl, token: bytes | None, log: Log, loopback_only: bool = False
-) -> ASGIApp:
+def build_app(rt: Control, token: bytes | None, log: Log, loopback_only: bool = False) -> ASGIApp:
     """The API on `rt`, behind the Guard (Host, token, body size, internal errors)."""
     app = _App(
         title="meridian sentinel control plane",

@@ -1,6 +1,6 @@
 """What the control plane's routes depend on: the prefix they share, the runtime they
-control (the app's state: build_app sets it, so the routers are plain module objects),
-and the refusal of a query string where a route takes none."""
+control (a control.Control, in the app's state: build_app sets it, so the routers are
+plain module objects), and the refusal of a query string where a route takes none."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
 
-from ..agent.control import RuntimeControl
+from ..control import Control
 
 __all__ = ["NO_QUERY", "PREFIX", "Runtime"]
 
 PREFIX = "/api/v1"
 
 
-async def _runtime(request: Request) -> RuntimeControl:
-    rt: RuntimeControl = request.app.state.runtime
+async def _runtime(request: Request) -> Control:
+    rt: Control = request.app.state.runtime
     return rt
 
 
@@ -30,5 +30,5 @@ async def _no_query(request: Request) -> None:
         raise RequestValidationError([err])
 
 
-Runtime = Annotated[RuntimeControl, Depends(_runtime)]
+Runtime = Annotated[Control, Depends(_runtime)]
 NO_QUERY = Depends(_no_query)

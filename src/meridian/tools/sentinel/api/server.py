@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from ....errors import ExtraMissing, UsageError
 
 if TYPE_CHECKING:
-    from ..agent.control import RuntimeControl
     from ..config.schema import ControlPlaneConfig
+    from ..control import Control
 
 __all__ = ["ApiServer", "read_token", "require", "serve_api"]
 
@@ -144,7 +144,7 @@ class ApiServer:
         self._logger.removeHandler(self._handler)
 
 
-def serve_api(cfg: ControlPlaneConfig, rt: RuntimeControl, log: Callable[[str], None]) -> ApiServer:
+def serve_api(cfg: ControlPlaneConfig, rt: Control, log: Callable[[str], None]) -> ApiServer:
     """The control plane of `rt` on `cfg.listen_address:listen_port`, serving."""
     require()
     token = read_token(cfg.token_file)

@@ -26,7 +26,7 @@ from pydantic_core import PydanticCustomError
 
 from ....durations import parse_duration
 from ....errors import UsageError
-from ..sources.kernel import MAX_SLOTS
+from ..model.records import MAX_SLOTS
 from ..sources.pmu_events import LOGICAL, EventSpec, parse_event, parse_events
 from .messages import describe, got, show_value
 

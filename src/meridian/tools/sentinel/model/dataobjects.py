@@ -89,7 +89,9 @@ class DataObjects:
         return obj.object_id
 
     def _drop(self, obj: DataObject) -> None:
-        self._object_ids.pop((obj.pid, obj.address, obj.name, obj.type, obj.size), None)
+        key = (obj.pid, obj.address, obj.name, obj.type, obj.size)
+        if self._object_ids.get(key) == obj.object_id:  # not a later registration's
+            del self._object_ids[key]
         index = self._data.get(obj.pid)
         if index is not None:
             index.remove(obj.object_id)

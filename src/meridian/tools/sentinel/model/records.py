@@ -33,6 +33,7 @@ __all__ = [
     "FLOW_SKID_NS",
     "HISTORY_LEN",
     "IDLE",
+    "MAX_SLOTS",
     "OBJECT",
     "RACED_STACK_ID",
     "RX",
@@ -56,6 +57,7 @@ __all__ = [
 OBJECT = "sentinel"  # bpfobj/sentinel.bpf.o
 FLOW_SKID_NS = 200_000  # MS_FLOW_SKID_NS: a sample may land this long after its packet
 HISTORY_LEN = 16  # MS_HISTORY_LEN: packet contexts kept per CPU
+MAX_SLOTS = 16  # MS_MAX_EVENTS: cookie slots, so events open at once
 # A sample's stack ids when the source found they name another stack's frames (the
 # kernel's lookup race: sources/stackmaps.py); the program's own errors are -EFAULT,
 # -EEXIST, -ENOMEM and -ENOENT, never -ESTALE.

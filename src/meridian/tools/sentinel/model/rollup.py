@@ -10,11 +10,15 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "GONE_STACK",
     "KEY_DTYPE",
     "PROVISIONAL_BASE",
     "PROVISIONAL_END",
     "ROLLUP_DTYPE",
+    "SKIPPED_STACK",
+    "STACK_LABELS",
     "UNRESOLVED",
+    "UNRESOLVED_LABEL",
     "Rollup",
     "as_rows",
     "is_provisional",
@@ -26,6 +30,18 @@ Array = np.ndarray[Any, Any]
 # A function or call stack not symbolized (its read still pending when it was keyed,
 # past the bound of provisional ids): its samples and cost are exact, its name a label.
 UNRESOLVED = (1 << 64) - 1
+# Call stack ids that name nothing but say why (the symbolizer's ids count up from 1).
+# Its frames left the kernel's stack map before they were read, or the id named
+# another's (RACED_STACK_ID: the kernel's lookup race, sources/stackmaps.py).
+GONE_STACK = (1 << 64) - 2
+SKIPPED_STACK = (1 << 64) - 3  # a stack not asked: over the window's budget (aggregator)
+UNRESOLVED_LABEL = "[unresolved: symbols not read yet]"
+# What the resolver, the outputs and the queries show for those ids (UNRESOLVED too).
+STACK_LABELS = {
+    UNRESOLVED: UNRESOLVED_LABEL,
+    GONE_STACK: "[stack gone: recycled or overwritten before it was read]",
+    SKIPPED_STACK: "[stacks not read: over the window's budget of new stacks]",
+}
 # Provisional function and stack ids (the symbolizer's, symbols/provisional.py) count
 # up from here: an address or stack whose symbols wait for a slow read, named once
 # read. Interned ids count up from 1; labels such as UNRESOLVED sit at the top.

@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 from ....output import dumps, fmt_scaled, print_table
 from ....screen import Screen, frame, terminal_size
-from ..model.rollup import PROVISIONAL_BASE
+from ..model.rollup import PROVISIONAL_BASE, STACK_LABELS
 from ..model.services import ServiceStat, ServiceTotals, service_lookup, service_stats
 from ..model.window import (
     FlowStat,
@@ -41,7 +41,6 @@ from ..model.window import (
     row_direction,
     row_label,
 )
-from ..pipeline.resolver import STACK_LABELS
 
 __all__ = [
     "JsonView",
@@ -68,7 +67,11 @@ def _functions(s: FlowStat, names: Names, n: int) -> list[tuple[int, float]]:
 
 
 def _stacks(s: FlowStat, names: Names, n: int) -> list[tuple[int, float]]:
-    return s.hottest_stacks(n, _merge(names, "stack"))
+    """The row's n hottest stacks. A label (stacks not read, unresolved, gone) lumps
+    the samples of many stacks: it only takes the places real stacks leave, else on a
+    loaded host it pushes the stacks that say where the cost was out of the top."""
+    top = s.hottest_stacks(n + len(STACK_LABELS), _merge(names, "stack"))
+    return sorted(top, key=lambda stack: stack[0] in STACK_LABELS)[:n]
 
 
 def _stack_ref(stack_id: int) -> int | None:

@@ -15,7 +15,7 @@ sampled ip only when it has no stack ids or its frames are gone (id 0). Its ids 
 integers in [0, 2**64). New call stacks are asked at most `stacks_per_window` times
 a window, the hottest first (a stack each costs the resolver tens of microseconds,
 and code without frame pointers gives almost every sample its own); the rest are
-keyed SKIPPED_STACK, their samples and cost exact (its label says why: resolver.py).
+keyed SKIPPED_STACK, their samples and cost exact (its label says why: model/rollup.py).
 
 Idle is no flow's cost: a sample whose instruction is in the kernel's idle code (the
 resolver's `idle_function_ids()`, kallsyms.py says which) is keyed to no flow (0)
@@ -35,7 +35,7 @@ import numpy as np
 from ..model.groups import group, in_order, row_hash
 from ..model.interference import classify
 from ..model.records import IDLE, take
-from ..model.rollup import KEY_DTYPE, ROLLUP_DTYPE, Rollup, rollups
+from ..model.rollup import KEY_DTYPE, ROLLUP_DTYPE, SKIPPED_STACK, Rollup, rollups
 
 __all__ = ["SKIPPED_STACK", "Aggregator", "Resolver"]
 
@@ -43,7 +43,6 @@ Array = np.ndarray[Any, Any]
 
 STACK_CANDIDATES = 4096  # of a batch's distinct stacks, the hottest looked at at all
 STACKS_PER_WINDOW = 512  # new call stacks resolved per flush window, the hottest first
-SKIPPED_STACK = (1 << 64) - 3  # a stack not asked: over the window's budget
 # what a sample is keyed by, besides its time bucket (the ids below derive from them)
 RAW_KEY = (
     "pid", "ip", "user_stack_id", "kernel_stack_id", "data_addr",

@@ -127,10 +127,6 @@ class ModeController:
             self.mode, self.reason = mode, reason
         return self.mode
 
-    def forced(self, now: int | None = None) -> bool:
-        """An anomaly holds diagnostic mode now."""
-        return (self.clock() if now is None else now) < self.forced_until
-
     def update(self, samples_per_sec: float, now: int | None = None) -> Mode:
         """The mode for the next window, given the rate of the last one."""
         now = self.clock() if now is None else now

@@ -13,9 +13,14 @@ import numpy as np
 
 from ..model.flows import FlowKey, FlowNames
 from ..model.records import RACED_STACK_ID
-from ..model.rollup import UNRESOLVED
+from ..model.rollup import (
+    GONE_STACK,
+    SKIPPED_STACK,
+    STACK_LABELS,
+    UNRESOLVED,
+    UNRESOLVED_LABEL,
+)
 from ..model.services import ServiceKey
-from .aggregator import SKIPPED_STACK
 from .listening import ServiceMap
 
 if TYPE_CHECKING:
@@ -31,17 +36,8 @@ __all__ = [
 ]
 
 
-# Ids that name nothing but say why (the symbolizer's ids count up from 1).
+# Ids that name nothing but say why, and their labels: model/rollup.py's.
 UNRESOLVED_STACK = UNRESOLVED
-# Its frames left the kernel's stack map before they were read, or the id named
-# another's (RACED_STACK_ID: the kernel's lookup race, sources/stackmaps.py).
-GONE_STACK = (1 << 64) - 2
-UNRESOLVED_LABEL = "[unresolved: symbols not read yet]"
-STACK_LABELS = {
-    UNRESOLVED_STACK: UNRESOLVED_LABEL,
-    GONE_STACK: "[stack gone: recycled or overwritten before it was read]",
-    SKIPPED_STACK: "[stacks not read: over the window's budget of new stacks]",
-}
 
 
 class SymbolResolver:

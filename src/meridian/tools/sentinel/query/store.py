@@ -24,8 +24,8 @@ from ....durations import parse_duration
 from ....errors import UsageError
 from ..model.flows import FlowKey
 from ..model.frames import UNKNOWN, Frame
+from ..model.rollup import STACK_LABELS
 from ..model.window import NO_FLOW, event_name
-from ..pipeline.resolver import STACK_LABELS
 from ..sources.pmu_events import parse_event
 from ..storage.backend import Backend
 

@@ -25,6 +25,7 @@ import numpy as np
 from ....bpf import BpfObject, Link, RingBuffer, Strategy, choose, hook_exists
 from ....errors import UsageError
 from ....session import Session
+from ..model.records import MAX_SLOTS
 from .lbr import LBR_BRANCH_STACK, LBR_OFF, LBR_SNAPSHOT, MODES, require_lbr
 from .perf_open import EventOpener
 from .pmu_events import LOGICAL, EventSpec
@@ -75,7 +76,6 @@ DROP_REASONS = ("token_bucket", "hard_drop", "ring_full")  # lbr_ring_full: the
 # then meant copies of 64 MiB at each step of the pipeline, and 300-400 MB RSS), until
 # the ring is half full: then all of it (KernelSource.poll).
 BATCH_LIMIT = 1 << 16
-MAX_SLOTS = 16  # MS_MAX_EVENTS: cookie slots
 SLOT_DATA_ADDR = 1  # MS_SLOT_DATA_ADDR
 # an ms_lbr record is ~4x a sample's: its ring holds as many seconds (a page when off)
 LBR_RING_RATIO, LBR_RING_MAX = 4, 1 << 26

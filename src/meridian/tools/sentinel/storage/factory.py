@@ -7,7 +7,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from ....errors import UsageError
 from .backend import Backend, StoreUnavailable
@@ -17,6 +17,8 @@ from .report import Reporter
 from .sink import BatchingSink
 
 __all__ = [
+    "SinkSettings",
+    "StoreSettings",
     "data_dir_for",
     "default_state_dir",
     "open_backend",
@@ -28,6 +30,38 @@ __all__ = [
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+class StoreSettings(Protocol):
+    """What open_backend, open_store and data_dir_for read of a ClickHouseConfig."""
+
+    @property
+    def data_dir(self) -> str | None: ...
+    @property
+    def url(self) -> str | None: ...
+    @property
+    def user(self) -> str: ...
+    @property
+    def password_file(self) -> str | None: ...
+    @property
+    def database(self) -> str: ...
+    @property
+    def retention_days(self) -> int: ...
+
+
+class SinkSettings(StoreSettings, Protocol):
+    """What open_sink and spool_dir_for read besides: the spool and the batching."""
+
+    @property
+    def spool_dir(self) -> str | None: ...
+    @property
+    def spool_max_bytes(self) -> int: ...
+    @property
+    def batch_rows(self) -> int: ...
+    @property
+    def flush_interval(self) -> float: ...
+    @property
+    def max_backoff(self) -> float: ...
+
+
 def default_state_dir() -> Path:
     """/var/lib/meridian/sentinel for root, else $XDG_STATE_HOME/meridian/sentinel."""
     if os.geteuid() == 0:
@@ -36,13 +70,13 @@ def default_state_dir() -> Path:
     return Path(base) / "meridian" / "sentinel"
 
 
-def data_dir_for(cfg: Any) -> Path:
+def data_dir_for(cfg: StoreSettings) -> Path:
     """The embedded store's directory: clickhouse.data_dir, or `store` in the state
     directory."""
     return Path(cfg.data_dir).expanduser() if cfg.data_dir else default_state_dir() / "store"
 
 
-def open_backend(cfg: Any, *, read_only: bool = False) -> Backend:
+def open_backend(cfg: StoreSettings, *, read_only: bool = False) -> Backend:
     """The backend of a ClickHouseConfig, not yet opened (`read_only`: for queries, see
     open_store). A data directory that is a file, or a database name that is not an
     identifier, is a UsageError here, at start."""
@@ -66,7 +100,7 @@ def open_backend(cfg: Any, *, read_only: bool = False) -> Backend:
     return ChdbBackend(path, cfg.database, read_only=read_only, retention_days=days)
 
 
-def spool_dir_for(cfg: Any) -> Path:
+def spool_dir_for(cfg: SinkSettings) -> Path:
     """clickhouse.spool_dir when the config has it; else `spool` in the embedded
     store's directory, or one directory per server URL in the state directory."""
     if cfg.spool_dir:
@@ -78,7 +112,7 @@ def spool_dir_for(cfg: Any) -> Path:
 
 
 def open_sink(
-    cfg: Any,
+    cfg: SinkSettings,
     *,
     reporter: Reporter | None = None,
     run_id: int | None = None,
@@ -98,7 +132,7 @@ def open_sink(
     )
 
 
-def open_store(cfg: Any) -> Backend:
+def open_store(cfg: StoreSettings) -> Backend:
     """An opened backend for queries (`meridian sentinel query`), read-only: it runs no
     DDL and sends no setting, so a server user with readonly=1 can query, and a store no
     agent has written is said (no_tables) rather than made. StoreUnavailable, one line,

@@ -164,11 +164,11 @@ class Spool:
             return entry
         new = replace(entry, uncertain=True)
         with self._mu:
-            try:
-                self._write(entry.seq, entry.info, payload, True)
-            except OSError:
-                return new  # kept in memory at least; the file still holds the rows
+            # Kept in memory even when the header cannot be rewritten (the file still
+            # holds the rows): the next send looks the batch up before inserting it.
             self._entries = [new if e.seq == entry.seq else e for e in self._entries]
+            with contextlib.suppress(OSError):
+                self._write(entry.seq, entry.info, payload, True)
         return new
 
     @property

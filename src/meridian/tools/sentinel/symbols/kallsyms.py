@@ -4,8 +4,15 @@ sorted once, searched with bisect.
 With kptr_restrict (or without root) the file lists every address as zero; the table
 is then `hidden` and callers say "[kernel]" rather than guessing. The names stay in
 the file's text, found by offsets, rather than as 100,000+ Python strings: the table
-costs the file's size (5 MiB) plus 24 bytes a symbol. Reading it takes about 50 ms
+costs the file's size (5 MiB) plus 32 bytes a symbol. Reading it takes about 60 ms
 (120,000 symbols, Linux 6.18).
+
+kallsyms has no sizes: a symbol reaches up to the next one, except where the next
+belongs to another owner (vmlinux, a module, BPF) or there is none. There the code
+after it may be anything the table does not list (a BPF program or a module loaded
+since, or a freed region: on 6.1 the last vmlinux symbol is in .exit.text, freed after
+boot), so it ends at the end of the page after its start, as perf bounds it
+(symbols__fixup_end). Without that bound a guest named BPF code `mpls_gso_exit`.
 
 `find(addrs)` answers lookup() for a whole array of addresses at once (one
 searchsorted over the sorted starts): the symbolizer resolves a batch's kernel
@@ -50,9 +57,8 @@ def _hex_table() -> np.ndarray[Any, Any]:
 
 
 HEX = _hex_table()
-# kallsyms has no sizes: an address belongs to the symbol before it when the next
-# symbol starts later; past the last symbol, at most this far.
-LAST_SPAN = 1 << 16
+PAGE = 4096
+Array = np.ndarray[Any, Any]
 
 
 # Names (without a compiler suffix such as .isra.0) of the kernel's idle code, besides
@@ -89,6 +95,41 @@ def is_idle_function(name: str) -> bool:
     return any(fnmatchcase(base, pattern) for pattern in IDLE_FUNCTIONS)
 
 
+def _owners(buf: Array, name_at: Array, line_end: Array) -> Array:
+    """Per line, a key of what follows the name's tab (`[module]`, `[bpf]`; vmlinux's
+    lines have none): its length and its first and last 8 bytes, which tells kallsyms'
+    owners apart (a collision needs two names of one length alike at both ends)."""
+    tab = line_end.copy()  # no tab: an empty owner
+    tabs = np.flatnonzero(buf == ord("\t"))
+    if len(tabs):
+        first = tabs[np.minimum(np.searchsorted(tabs, name_at), len(tabs) - 1)]
+        tab = np.where((first >= name_at) & (first < line_end), first, line_end)
+    length = (line_end - tab).astype(np.uint64)
+    key = np.zeros((len(tab), 3), dtype=np.uint64)
+    key[:, 0] = length
+    named = np.flatnonzero(length)  # vmlinux's lines (most) keep zeros
+    at, end = tab[named], line_end[named]
+    head, tail = np.zeros(len(named), dtype=np.uint64), np.zeros(len(named), dtype=np.uint64)
+    for k in range(8):
+        head = (head << np.uint64(8)) | buf[np.minimum(at + k, end - 1)]
+        tail = (tail << np.uint64(8)) | buf[np.maximum(end - 1 - k, at)]
+    key[named, 1], key[named, 2] = head, tail
+    return key
+
+
+def _symbol_ends(starts: Array, owners: Array) -> Array:
+    """Where each symbol (sorted `starts`, one owner key a row) ends at the latest: the
+    next symbol's start, or where the next is another owner's or none, the end of the
+    page after its own start (the module's doc)."""
+    page = np.uint64(PAGE)
+    bound = (starts + page + page - np.uint64(1)) // page * page
+    ends: Array = bound.copy()
+    if len(starts) > 1:
+        same = (owners[1:] == owners[:-1]).all(axis=1)
+        ends[:-1] = np.where(same, starts[1:], np.minimum(starts[1:], bound[:-1]))
+    return ends
+
+
 class KernelSymbols:
     """The kernel's text symbols; read lazily on the first lookup, again by `reload()`."""
 
@@ -100,7 +141,7 @@ class KernelSymbols:
         self._addrs: array[int] = array("Q")
         self._name_at: array[int] = array("Q")
         self._name_end: array[int] = array("Q")
-        self._spans: np.ndarray[Any, Any] | None = None  # for find(): made on first use
+        self._ends: array[int] = array("Q")  # where each symbol's code ends at the latest
         self._blob = b""
         self._idle_text = (0, 0)  # [__cpuidle_text_start, __cpuidle_text_end)
 
@@ -130,7 +171,7 @@ class KernelSymbols:
         self.loaded = True
         self.generation += 1
         self._addrs, self._name_at, self._name_end = array("Q"), array("Q"), array("Q")
-        self._spans = None
+        self._ends = array("Q")
         self._blob = data
         width = data.find(b" ")
         self.hidden = False
@@ -168,9 +209,11 @@ class KernelSymbols:
         first = np.ones(len(order), dtype=bool)
         first[1:] = values[order][1:] != values[order][:-1]
         order = order[first]
-        self._addrs = u64_column(values[order])
+        values = values[order]
+        self._addrs = u64_column(values)
         self._name_at = u64_column(name_at[order])
         self._name_end = u64_column(ends[order])
+        self._ends = u64_column(_symbol_ends(values, _owners(buf, name_at, ends)[order]))
 
     def lookup(self, addr: int) -> tuple[str, int, str] | None:
         """(function, addr - its start, module or "" for vmlinux), None when unknown."""
@@ -179,9 +222,7 @@ class KernelSymbols:
         if i < 0:
             return None
         start = self._addrs[i]
-        # Addresses are distinct (aliases merged): the next symbol bounds this one.
-        end = self._addrs[i + 1] if i + 1 < len(self._addrs) else start + LAST_SPAN
-        if addr >= end:
+        if addr >= self._ends[i]:
             return None
         name, module = self.symbol(i)
         return name, addr - start, module
@@ -194,12 +235,8 @@ class KernelSymbols:
         if not len(self._addrs):
             return np.full(len(addrs), -1, dtype=np.int64)
         starts = np.frombuffer(self._addrs, dtype=np.uint64)
-        if self._spans is None:  # each symbol up to the next, as lookup() bounds it
-            self._spans = np.append(np.diff(starts), np.uint64(LAST_SPAN))
         i = np.searchsorted(starts, addrs, side="right").astype(np.int64) - 1
-        at = np.maximum(i, 0)
-        # addr - start cannot wrap (addr >= start where i >= 0), addr + span could
-        inside = (i >= 0) & (addrs - starts[at] < self._spans[at])
+        inside = (i >= 0) & (addrs < np.frombuffer(self._ends, dtype=np.uint64)[np.maximum(i, 0)])
         return np.where(inside, i, -1)
 
     def symbol(self, i: int) -> tuple[str, str]:

@@ -22,7 +22,7 @@ router = APIRouter(responses={409: {"model": ErrorOut, "description": "this agen
 
 
 def _store(rt: Runtime) -> Backend:
-    backend: Backend | None = rt.store_backend()
+    backend = rt.store_backend()
     if backend is None:
         raise StarletteHTTPException(409, "this agent stores nothing (see --data-dir)")
     return backend
