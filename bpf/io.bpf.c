@@ -373,7 +373,7 @@ static __always_inline __u32 proc_start(struct task_struct *task)
 /* Claims entry e (index idx) for `tag` if it is free or its owner was retired: NULL
  * when it is another live process's, or another claim got there first. */
 static __always_inline struct fileio_stats *claim(struct fileio_cached *e, __u32 idx, __u64 tag,
-						  struct task_struct *task)
+						  const char *comm)
 {
 	__u64 old = e->tag, *retired;
 
@@ -386,7 +386,8 @@ static __always_inline struct fileio_stats *claim(struct fileio_cached *e, __u32
 		return NULL;
 	/* Zeroed once a claim (a 4 KiB copy, which clang leaves to a helper). */
 	bpf_probe_read_kernel(&e->s, sizeof(e->s), &zero_stats);
-	__builtin_memcpy(e->s.comm, task->comm, sizeof(e->s.comm));
+	__builtin_memcpy(e->s.comm, comm, sizeof(e->s.comm));
+	e->s.cgroup_id = bpf_get_current_cgroup_id();
 	e->tag = tag;
 	return &e->s;
 }
@@ -394,7 +395,7 @@ static __always_inline struct fileio_stats *claim(struct fileio_cached *e, __u32
 /* The CPU's cache entry for `key`: one of two ways (by a hash of the process, and its
  * neighbour), the one its process owns, else one it can claim; NULL: the hash. */
 static __always_inline struct fileio_stats *cached_stats(const struct fileio_key *key,
-							 struct task_struct *task)
+							 const char *comm)
 {
 	__u64 tag = (__u64)key->pid << 32 | key->start;
 	struct fileio_cached *e0, *e1;
@@ -417,30 +418,54 @@ static __always_inline struct fileio_stats *cached_stats(const struct fileio_key
 		return NULL;
 	if (e1->tag == tag)
 		return &e1->s;
-	s = claim(e0, idx0, tag, task);
-	return s ? s : claim(e1, idx1, tag, task);
+	s = claim(e0, idx0, tag, comm);
+	return s ? s : claim(e1, idx1, tag, comm);
 }
 
-/* One completed operation into the aggregates and, if asked, the event stream. */
+/* Who did an operation: its process (PID and start), thread, command and cgroup (0:
+ * the current task's, read only when an aggregate is made). */
+struct io_doer {
+	__u32 pid;
+	__u32 start;		/* proc_start() */
+	__u32 tid;
+	const char *comm;
+	__u64 cgroup_id;
+};
+
+static __always_inline struct io_doer doer_of(struct task_struct *task)
+{
+	struct io_doer d = {
+		.pid = task->tgid, .start = proc_start(task), .tid = task->pid, .comm = task->comm,
+	};
+
+	return d;
+}
+
+/* One completed operation into the aggregates and, if asked, the event stream. Only
+ * the syscalls' reads and writes (op 0 and 1) go through the per-CPU cache, whose index
+ * holds the op in one bit. */
 static __always_inline void account(struct fileio_inflight *st, __u32 op, __u64 ino,
 				    __u32 dev, __s32 fd, long ret, __u64 disk, bool cached,
-				    __u64 io_wait, __u64 lat, __u64 now, struct task_struct *task,
-				    bool disk_time)
+				    __u64 io_wait, __u64 lat, __u64 now, struct io_doer who,
+				    bool disk_time, bool via_cache)
 {
 	struct fileio_key key = {
-		.pid = task->tgid, .op = op, .cached = cached, .start = proc_start(task),
+		.pid = who.pid, .op = op, .cached = cached, .start = who.start,
 	};
-	struct fileio_stats *s;
+	struct fileio_stats *s = NULL;
 	struct fileio_event *ev;
 
-	s = cached_stats(&key, task);
+	if (via_cache)
+		s = cached_stats(&key, who.comm);
 	if (!s)
 		s = bpf_map_lookup_elem(&stats, &key);
 	if (!s) {
 		bpf_map_update_elem(&stats, &key, &zero_stats, BPF_NOEXIST);
 		s = bpf_map_lookup_elem(&stats, &key);
-		if (s)
-			__builtin_memcpy(s->comm, task->comm, sizeof(s->comm));
+		if (s) {
+			__builtin_memcpy(s->comm, who.comm, sizeof(s->comm));
+			s->cgroup_id = who.cgroup_id ? who.cgroup_id : bpf_get_current_cgroup_id();
+		}
 	}
 	if (s) {
 		s->ops++;
@@ -477,14 +502,14 @@ static __always_inline void account(struct fileio_inflight *st, __u32 op, __u64 
 	ev->ino = ino;
 	ev->disk_latency_ns = disk_time ? st->disk_latency_ns : 0;
 	ev->disk_requests = disk_time ? st->disk_requests : 0;
-	ev->sector = op == IO_OP_WRITE ? st->wsector : st->rsector;
+	ev->sector = (op & 1) ? st->wsector : st->rsector;	/* op & 1: a write */
 	ev->dev = dev;
 	ev->pid = key.pid;
-	ev->tid = task->pid;
+	ev->tid = who.tid;
 	ev->fd = fd;
 	ev->op = op;
 	ev->cached = cached;
-	__builtin_memcpy(ev->comm, task->comm, sizeof(ev->comm));
+	__builtin_memcpy(ev->comm, who.comm, sizeof(ev->comm));
 	ringbuf_submit_lazy(&events, ev, wakeup_bytes, now);
 }
 
@@ -517,7 +542,7 @@ static __always_inline void finish_op(long ret)
 			disk = st->pages * PAGE_SIZE_BYTES;
 		account(st, st->op, st->ino, st->dev, st->fd, ret, disk,
 			!disk && !st->bio_bytes && !st->io_wait_ns, st->io_wait_ns, lat, now,
-			task, true);
+			doer_of(task), true, true);
 	} else {
 		/* A copy: the read of the source takes the pages inserted (or else the bios
 		 * that read), the write of the target the bios that write. I/O wait goes to
@@ -526,16 +551,17 @@ static __always_inline void finish_op(long ret)
 		disk = st->pages ? st->pages * PAGE_SIZE_BYTES : st->bio_bytes - wdisk;
 		account(st, IO_OP_READ, st->ino, st->dev, st->fd, ret, disk,
 			!disk && !(st->io_wait_ns && !wdisk), wdisk ? 0 : st->io_wait_ns, lat,
-			now, task, !wdisk);
+			now, doer_of(task), !wdisk, true);
 		account(st, IO_OP_WRITE, st->ino2, st->dev2, st->fd2, ret, wdisk, !wdisk,
-			wdisk ? st->io_wait_ns : 0, lat, now, task, wdisk);
+			wdisk ? st->io_wait_ns : 0, lat, now, doer_of(task), wdisk, true);
 	}
 	st->start_ns = 0;	/* idle: the entry stays for the thread's next operation */
 }
 
-/* The programs, in three parts: writeback owners, the disk signals and block layer,
- * then the syscalls. */
+/* The programs, in four parts: writeback owners, io_uring, the disk signals and block
+ * layer, then the syscalls. */
 #include "io_writeback.bpf.h"
+#include "io_uring.bpf.h"
 #include "io_block.bpf.h"
 #include "io_syscalls.bpf.h"
 

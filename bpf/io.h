@@ -14,9 +14,12 @@
 #define IO_COMM_LEN 16
 #define IO_MAX_IOV 16		/* iovecs summed for bytes_requested of readv/writev */
 
+/* Bit 0: the direction; bit 1: submitted through io_uring, not a syscall of its own. */
 enum io_op {
 	IO_OP_READ,
 	IO_OP_WRITE,
+	IO_OP_URING_READ,
+	IO_OP_URING_WRITE,
 };
 
 /* Exact aggregate key: one per process, operation and cached/disk. */
@@ -42,6 +45,8 @@ struct fileio_stats {
 	__u64 last_ns;
 	__u64 buckets[IO_HIST_BUCKETS];	/* latency_ns, log-linear (bits.bpf.h) */
 	char comm[IO_COMM_LEN];
+	__u64 cgroup_id;	/* the process's cgroup v2 id when the entry was made: its
+				 * container (containers.py) */
 };
 
 /* An entry of `stats_cache`: one key's aggregates on one CPU, kept outside the
@@ -84,6 +89,8 @@ struct fileio_counters {
 	__u64 wb_dirtiers;	/* entries put into `dirtiers` (user space: minus the live
 				 * ones, the evicted) */
 	__u64 names_lost;	/* name records the `names` ring had no room for */
+	__u64 uring_untracked;	/* io_uring reads and writes not counted: the map of those
+				 * in flight was full (io_uring.bpf.h) */
 };
 
 #define IO_PATH_LEN 256		/* a file's path, resolved in the kernel */

@@ -7,6 +7,15 @@
 
 #define REQ_OP_BITS_MASK 0xff
 
+/* The operation a disk signal of thread tid belongs to: its syscall in flight, else
+ * the io_uring request it issues (io_uring.bpf.h); NULL: none. */
+static __always_inline struct fileio_inflight *signal_slot(__u32 tid)
+{
+	struct fileio_inflight *st = busy_slot(tid);
+
+	return st ? st : uring_slot(tid);
+}
+
 /* Pages [index, index + 2^order) of inode `ino` on `dev` entered the page cache: read
  * from the disk for the operation `st` in flight on this thread (or for the readahead
  * past it). The tracepoint and the tp_btf program below call it with the same values,
@@ -65,7 +74,7 @@ static __always_inline void page_added(struct fileio_inflight *st, __u64 ino, __
  * (6.1 has no block_io_start) and under both kinds of disk signal. */
 static __always_inline void bio_queued(__u64 bytes, bool write, __u64 sector)
 {
-	struct fileio_inflight *st = busy_slot((__u32)bpf_get_current_pid_tgid());
+	struct fileio_inflight *st = signal_slot((__u32)bpf_get_current_pid_tgid());
 
 	if (!st)
 		return;
@@ -84,7 +93,7 @@ static __always_inline void bio_queued(__u64 bytes, bool write, __u64 sector)
 SEC("tracepoint/filemap/mm_filemap_add_to_page_cache")
 int tp_page_added(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 {
-	struct fileio_inflight *st = busy_slot((__u32)bpf_get_current_pid_tgid());
+	struct fileio_inflight *st = signal_slot((__u32)bpf_get_current_pid_tgid());
 
 	if (st)
 		page_added(st, ctx->i_ino, ctx->s_dev, ctx->index, ctx->order);
@@ -125,7 +134,7 @@ static __always_inline __u32 folio_order_of(struct folio *folio)
 SEC("tp_btf/mm_filemap_add_to_page_cache")
 int BPF_PROG(btf_page_added, struct folio *folio)
 {
-	struct fileio_inflight *st = busy_slot((__u32)bpf_get_current_pid_tgid());
+	struct fileio_inflight *st = signal_slot((__u32)bpf_get_current_pid_tgid());
 	struct inode *host;
 	struct super_block *sb;
 	__u32 dev;

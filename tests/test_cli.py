@@ -38,6 +38,7 @@ def one_line_exit_2(p: subprocess.CompletedProcess[str], needle: str) -> None:
         (["biolat", "-d", "nosuchdisk0"], "no block device 'nosuchdisk0'"),
         (["biolat", "--duration", "0"], "argument --duration: must be greater than 0"),
         (["biolat", "--bogus"], "unrecognized arguments"),
+        (["io", "--host-root", "/nonexistent"], "--host-root takes a directory"),
         (["nosuchtool"], "invalid choice"),
     ],
 )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -52,7 +53,17 @@ PODS = {
     RUNQLAT: ("runqlat", False, False, BIOLAT),
     SENTINEL: ("sentinel", True, True, SENTINEL),
 }
-HOST_PATHS = {"/sys/kernel/btf", "/sys/kernel/tracing"}
+HOST_PATHS = {"/sys/kernel/btf", "/sys/kernel/tracing"}  # mounted where the node has them
+# io's too, below its --host-root (a pod's /sys/fs/cgroup is its cgroup namespace's)
+HOST_ROOT_PATHS = {IO: {"/sys/fs/cgroup"}}
+COMPONENTS = {  # the nodes' container runtime: what io reads to name its containers
+    "containerd": {"/run/containerd/io.containerd.runtime.v2.task"},
+    "containers-storage": {
+        "/var/lib/containers/storage/overlay-containers",
+        "/run/containers/storage/overlay-containers",
+    },
+    "docker": {"/var/lib/docker/containers"},
+}
 SECCOMP = {"type": "Localhost", "localhostProfile": "meridian/meridian.json"}
 CONTAINERS_DEFAULT = Path("/usr/share/containers/seccomp.json")
 
@@ -130,13 +141,18 @@ def test_the_daemonset_has_least_privilege(name: str) -> None:
     unit = parse_unit((ROOT / "deploy" / "systemd" / f"{unit_name}.service").read_text())
     assert {a.lower() for a in sc["capabilities"]["add"]} == set(caps(unit))
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert {v["hostPath"]["path"] for v in volumes.values() if "hostPath" in v} == HOST_PATHS
+    below_root = HOST_ROOT_PATHS.get(name, set())
+    paths = {v["hostPath"]["path"] for v in volumes.values() if "hostPath" in v}
+    assert paths == HOST_PATHS | below_root
+    host_root = parsed(c["args"]).host_root if below_root else "/"
     for m in c["volumeMounts"]:
         if "emptyDir" in volumes[m["name"]]:
             continue  # the only writable paths
         assert m.get("readOnly") is True, m
         if "hostPath" in volumes[m["name"]]:
-            assert m["mountPath"] == volumes[m["name"]]["hostPath"]["path"]
+            path = volumes[m["name"]]["hostPath"]["path"]
+            root = host_root if path in below_root else "/"
+            assert m["mountPath"] == os.path.join(root, path.lstrip("/")), m
     for key in ("requests", "limits"):
         assert "memory" in c["resources"][key]
 
@@ -227,6 +243,48 @@ def test_the_kustomization_lists_every_manifest_in_one_namespace() -> None:
     for ds in of_kind("DaemonSet").values():
         assert container(ds)["image"] == f"{image['name']}:{tag}"
     assert "operator" not in str(k["resources"]) and "clickhouse" not in str(k["resources"])
+
+
+@pytest.mark.parametrize("component", list(COMPONENTS))
+def test_a_runtimes_component_adds_its_files_to_io_read_only_below_its_host_root(
+    component: str, tmp_path: Path
+) -> None:
+    """Each component, added to the base: io's pod gets the runtime's directories,
+    read-only below its --host-root, with the node's unmounts reaching it; nothing else
+    changes, and the DaemonSet is valid in strict mode."""
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed (Debian's kubernetes-client)")
+    assert sorted(COMPONENTS) == sorted(p.name for p in (K8S / "components").iterdir())
+    overlay = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(K8S, tmp_path)],
+        "components": [os.path.relpath(K8S / "components" / component, tmp_path)],
+    }
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    base, added = (
+        {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(
+            subprocess.run(["kubectl", "kustomize", str(directory)], check=True,
+                           capture_output=True, text=True, timeout=60).stdout) if d}
+        for directory in (K8S, tmp_path)
+    )  # fmt: skip
+    io = ("DaemonSet", IO)
+    assert {k: v for k, v in added.items() if k != io} == {k: v for k, v in base.items() if k != io}
+    pod, was = added[io]["spec"]["template"]["spec"], base[io]["spec"]["template"]["spec"]
+    new = [v for v in pod["volumes"] if v not in was["volumes"]]
+    assert {v["hostPath"]["path"] for v in new} == COMPONENTS[component]
+    assert all(v["hostPath"]["type"] == "Directory" for v in new)
+    (c,) = pod["containers"]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    root = parsed(c["args"]).host_root
+    for v in new:
+        want = os.path.join(root, v["hostPath"]["path"].lstrip("/"))
+        assert mounts[v["name"]] == {
+            "name": v["name"], "mountPath": want, "readOnly": True,
+            "mountPropagation": "HostToContainer",
+        }  # fmt: skip
+    utils = pytest.importorskip("kubernetes_validate.utils")
+    assert utils.validate(added[io], KUBERNETES, strict=True) == "1.37"
 
 
 def test_kustomize_renders_the_image_make_image_builds() -> None:

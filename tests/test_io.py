@@ -24,6 +24,7 @@ from meridian.tools.io.model import (
     OpStats,
     PidSummary,
     first_comm,
+    interface_name,
     latency_hist,
     op_name,
     summarize,
@@ -46,26 +47,27 @@ def dtypes() -> tuple[np.dtype[Any], np.dtype[Any], np.dtype[Any]]:
 
 def test_json_lines_are_valid_json_with_every_field(tmp_path: Path) -> None:
     ev_dt, _, _ = dtypes()
-    ev = np.zeros(2, dtype=ev_dt)
+    ev = np.zeros(4, dtype=ev_dt)
     ev["pid"], ev["tid"], ev["fd"] = 10, 11, 3
-    ev["comm"] = [b'we"ird\\name', b"dd"]
-    ev["op"] = [0, 1]
-    ev["cached"] = [1, 0]
-    ev["bytes"], ev["bytes_requested"], ev["disk_bytes"] = 4096, 8192, [0, 4096]
-    ev["latency_ns"], ev["io_wait_ns"], ev["ts_ns"] = 1234, [0, 99], [5, 6]
+    ev["comm"] = [b'we"ird\\name', b"dd", b"fio", b"fio"]
+    ev["op"] = [0, 1, 2, 3]  # enum io_op: bit 0 the direction, bit 1 io_uring
+    ev["cached"] = [1, 0, 1, 1]
+    ev["bytes"], ev["bytes_requested"], ev["disk_bytes"] = 4096, 8192, [0, 4096, 0, 0]
+    ev["latency_ns"], ev["io_wait_ns"], ev["ts_ns"] = 1234, [0, 99, 0, 0], [5, 6, 7, 8]
     ev["dev"], ev["ino"] = (7 << 20) | 3, 42
     fmt = EventFormatter(proc_root=str(tmp_path))  # no /proc entry: dev:inode
     lines = [json.loads(x) for x in fmt.json_lines(ev).splitlines()]
     assert lines[0]["comm"] == 'we"ird\\name' and lines[1]["comm"] == "dd"
-    assert [x["op"] for x in lines] == ["read", "write"]
-    assert [x["cached"] for x in lines] == [True, False]
+    assert [x["op"] for x in lines] == ["read", "write", "read", "write"]
+    assert [x["interface"] for x in lines] == ["syscall", "syscall", "io_uring", "io_uring"]
+    assert [x["cached"] for x in lines] == [True, False, True, True]
     assert lines[1]["disk_bytes"] == 4096 and lines[1]["io_wait_ns"] == 99
     assert lines[0]["file"] == "7:3:42"
     assert lines[0]["dev"] == "7:3" and lines[0]["ino"] == 42
     assert lines[0]["wall_time"].endswith("Z") and len(lines[0]["wall_time"]) == 27
     assert set(lines[0]) == {
-        "pid", "tid", "comm", "op", "fd", "file", "dev", "ino", "bytes", "bytes_requested",
-        "disk_bytes",
+        "pid", "tid", "comm", "op", "interface", "fd", "file", "dev", "ino", "bytes",
+        "bytes_requested", "disk_bytes",
         "latency_ns", "cached", "io_wait_ns", "disk_latency_ns", "disk_requests", "sector",
         "timestamp_ns", "wall_time",
     }  # fmt: skip
@@ -105,11 +107,11 @@ def test_summarize_sums_cpus_and_splits_op_and_cached() -> None:
     cat = out[100]
     assert cat.comm == "cat"
     assert cat.total("read").ops == 5 and cat.total("read").bytes == 500
-    assert cat.total("read", True).ops == 4
+    assert cat.total("read", True, "syscall").ops == 4
     assert cat.hit_ratio("read") == 0.8
     assert cat.total("read").latency_max_ns == 100
     assert cat.total("read").first_ns == 3
-    assert cat.total("read", True).hist.total == 4
+    assert cat.total("read", True, "syscall").hist.total == 4
     assert out[200].total("write").ops == 4 and out[200].hit_ratio("write") == 0.0
     d = cat.as_dict(2.0)
     assert d["read"]["bytes_per_s"] == 250.0 and d["read"]["cache_hit_ratio"] == 0.8
@@ -132,7 +134,7 @@ def random_events(n: int, seed: int = 0) -> np.ndarray[Any, Any]:
     k = rng.integers(0, 9, n)
     ev["pid"], ev["tid"], ev["fd"] = 100 + k, 200 + k % 4, np.where(k == 8, -1, 3 + k % 3)
     ev["comm"] = np.array([b"dd", b'q"uote', b"\xc3\xa9t\xc3\xa9", b"x" * 16])[k % 4]
-    ev["op"], ev["cached"] = k % 2, rng.integers(0, 2, n)
+    ev["op"], ev["cached"] = k % 4, rng.integers(0, 2, n)  # 2, 3: through io_uring
     ev["dev"], ev["ino"] = (8 << 20) | (k % 2), 1000 + k
     ev["bytes"] = rng.integers(0, 1 << 40, n)
     ev["bytes_requested"] = 1 << 20
@@ -153,7 +155,8 @@ def reference(fmt: EventFormatter, e: Any) -> dict[str, Any]:
         "pid": int(e["pid"]),
         "tid": int(e["tid"]),
         "comm": e["comm"].decode(errors="replace"),
-        "op": "write" if e["op"] else "read",
+        "op": "write" if e["op"] & 1 else "read",
+        "interface": "io_uring" if e["op"] & 2 else "syscall",
         "fd": int(e["fd"]),
         "file": f"8:{int(e['dev']) & 0xFFFFF}:{int(e['ino'])}",
         "dev": f"8:{int(e['dev']) & 0xFFFFF}",
@@ -237,6 +240,8 @@ def test_text_lines_are_aligned_columns(tmp_path: Path) -> None:
         assert line[16:32].rstrip() == ref["comm"]
         assert f" {ref['latency_ns'] / 1e6:9.3f} " in line
         assert (" C " if ref["cached"] else " D ") in line
+        op = ("u" if ref["interface"] == "io_uring" else "") + ref["op"]
+        assert f" {op:<6} " in line
 
 
 def test_summary_names_the_process_start_as_ps_does() -> None:
@@ -311,7 +316,7 @@ def test_summary_json_has_every_field_of_each_op() -> None:
     assert (ps.pid, ps.start, ps.comm) == (100, 7, "ca\ufffdt")
     rd, wr = ps.total("read"), ps.total("write")
     assert (wr.hist.lo, wr.hist.hi, wr.hist.unit) == (1.0, 999.0, "nsecs")  # a min of 1 ns
-    assert (rd.first_ns, wr.first_ns, ps.total("write", False).first_ns) == (1, 9, 0)
+    assert (rd.first_ns, wr.first_ns, ps.total("write", False, "syscall").first_ns) == (1, 9, 0)
     d = ps.as_dict(3.0)
     started = datetime.datetime.fromisoformat(d["start_time"]).timestamp()
     assert abs(started - start_wall_ns(7) / 1e9) < 0.01  # 7 ticks after boot
@@ -356,7 +361,8 @@ def test_summary_json_has_every_field_of_each_op() -> None:
     }
     assert ps.as_dict(0.5)["write"]["bytes_per_s"] == 6000.0
     assert ps.as_dict(0.0)["write"]["bytes_per_s"] is None
-    writer = PidSummary(1, "dd", {("write", False): ps.cells[("write", False)]})
+    dd_write = ("write", False, "syscall")
+    writer = PidSummary(1, "dd", {dd_write: ps.cells[dd_write]})
     wd = writer.as_dict(1.0)  # no reads: only a write entry, none of it cached
     assert "read" not in wd and wd["write"]["cache_hit_ratio"] == 0.0
     assert writer.hit_ratio("read") is None and writer.hit_ratio("write") == 0.0
@@ -371,18 +377,37 @@ def test_op_stats_and_summaries_add_up() -> None:
     assert a.hist.unit == "nsecs" and a.hist.total == 0
     a.add(OpStats(ops=1, first_ns=7))
     assert a.first_ns == 7
-    x = PidSummary(1, "a", {("read", True): OpStats(ops=2, bytes=20)})
-    y = PidSummary(2, "b", {("read", True): OpStats(ops=3, bytes=30)})
-    y.cells[("write", False)] = OpStats(ops=1, bytes=4096)
+    x = PidSummary(1, "a", {("read", True, "syscall"): OpStats(ops=2, bytes=20)})
+    y = PidSummary(2, "b", {("read", True, "syscall"): OpStats(ops=3, bytes=30)})
+    y.cells[("write", False, "syscall")] = OpStats(ops=1, bytes=4096)
     x.merge(y)
     assert {c: (s.ops, s.bytes) for c, s in x.cells.items()} == {
-        ("read", True): (5, 50), ("write", False): (1, 4096)
+        ("read", True, "syscall"): (5, 50), ("write", False, "syscall"): (1, 4096)
     }  # fmt: skip
-    x.cells[("write", False)].add(OpStats(ops=1))
-    assert y.cells[("write", False)].ops == 1  # merged into a cell of its own
-    assert op_name(0) == "read" and op_name(1) == op_name(2) == "write"
+    x.cells[("write", False, "syscall")].add(OpStats(ops=1))
+    assert y.cells[("write", False, "syscall")].ops == 1  # merged into a cell of its own
+    assert op_name(0) == op_name(2) == "read" and op_name(1) == op_name(3) == "write"
+    assert interface_name(1) == "syscall" and interface_name(2) == interface_name(3) == "io_uring"
     _, _, val_dt = dtypes()
     nothing = np.zeros(2, dtype=val_dt)
     assert first_comm(nothing) == ""
     h = latency_hist(nothing)
     assert (h.total, h.lo, h.hi, h.unit) == (0, None, None, "nsecs")
+
+
+def test_doctor_names_what_io_cannot_count_without_its_hooks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kernel without io_uring's tracepoints (before 5.x's renames, or built without
+    CONFIG_IO_URING) or block_io_start (6.1): doctor says what io leaves out, and why."""
+    from meridian.tools.io import kernel
+
+    present = {"tp_btf/io_uring_submit_sqe", "tp_btf/io_uring_complete", "tp_btf/block_rq_complete"}
+    monkeypatch.setattr(kernel, "hook_exists", lambda section: section in present)
+    assert kernel.missing_hooks() == {
+        "block requests by submitting process": "block_io_start"
+    }  # 6.1: the older submission tracepoint is enough for io_uring
+    present -= {"tp_btf/io_uring_submit_sqe"}
+    assert kernel.missing_hooks()["io_uring reads and writes"] == (
+        "io_uring_submit_req or io_uring_submit_sqe"
+    )

@@ -45,6 +45,12 @@ def go(p: subprocess.Popen[bytes]) -> None:
     assert tell(p) == b"done\n"
 
 
+def only(*children: subprocess.Popen[bytes]) -> Options:
+    """Options that trace the test's children alone: any other process reading a file
+    on CPU 0 while a test runs would take a cache way the test counts on."""
+    return Options(pids=[p.pid for p in children])
+
+
 def owners(tool: FileIO) -> set[int]:
     """The PIDs that own a live cache entry."""
     _, entries = tool.cache_entries()  # live ones: owned, not claimed, not retired
@@ -65,7 +71,7 @@ def test_collisions_go_to_the_hash_and_a_retired_entry_is_taken_over(tmp_path: P
         child(path) as a,
         child(path) as b,
         child(path) as c,  # started now: its own start-up reads are not traced
-        FileIO(Options(), cache_ways=1) as tool,
+        FileIO(only(a, b, c), cache_ways=1) as tool,
     ):
         go(a)
         go(b)
@@ -98,7 +104,7 @@ def test_an_exited_process_s_entry_goes_to_the_next_one_and_its_counts_stay(
     path = tmp_path / "data.bin"
     path.write_bytes(os.urandom(4096))
     path.read_bytes()
-    with child(path) as a, child(path) as b, FileIO(Options(), cache_ways=1) as tool:
+    with child(path) as a, child(path) as b, FileIO(only(a, b), cache_ways=1) as tool:
         go(a)
         assert owners(tool) == {a.pid}
         end_child(a)
@@ -127,7 +133,7 @@ def test_a_process_takes_the_neighbouring_way_when_its_own_is_taken(tmp_path: Pa
         child(path) as a,
         child(path) as b,
         child(path) as c,
-        FileIO(Options(), cache_ways=2) as tool,
+        FileIO(only(a, b, c), cache_ways=2) as tool,
     ):
         for p in (a, b, c):
             go(p)
@@ -143,7 +149,7 @@ def test_without_a_cache_every_count_is_in_the_hash(tmp_path: Path) -> None:
     path = tmp_path / "data.bin"
     path.write_bytes(os.urandom(4096))
     path.read_bytes()
-    with child(path) as a, FileIO(Options(), cache_ways=0) as tool:
+    with child(path) as a, FileIO(only(a), cache_ways=0) as tool:
         go(a)
         keys, vals = tool.stats()
         assert summarize(keys, vals)[a.pid].total("read").ops == PREADS

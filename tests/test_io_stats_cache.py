@@ -18,7 +18,7 @@ STATS = np.dtype(
         ("ops", "<u8"), ("bytes", "<u8"), ("bytes_requested", "<u8"), ("disk_bytes", "<u8"),
         ("io_wait_ns", "<u8"), ("latency_sum_ns", "<u8"), ("latency_min_ns", "<u8"),
         ("latency_max_ns", "<u8"), ("first_ns", "<u8"), ("last_ns", "<u8"),
-        ("buckets", "<u8", (BUCKETS,)), ("comm", "S16"),
+        ("buckets", "<u8", (BUCKETS,)), ("comm", "S16"), ("cgroup_id", "<u8"),
     ]
 )  # fmt: skip
 CACHED = np.dtype([("tag", "<u8"), ("s", STATS)])
@@ -66,7 +66,7 @@ def test_entries_add_to_their_keys_once_and_new_keys_get_rows() -> None:
     mk, mv = merge(keys, vals, idx, e, WAYS)
     assert mv.shape == (2, 2 * NCPUS)
     got = summarize(mk, mv)
-    r = got[7].cells[("read", True)]
+    r = got[7].cells[("read", True, "syscall")]
     assert (r.ops, r.bytes, r.latency_max_ns, r.first_ns, r.last_ns) == (
         40,
         40 * 4096,
@@ -75,7 +75,7 @@ def test_entries_add_to_their_keys_once_and_new_keys_get_rows() -> None:
         110,
     )
     assert r.hist.total == 40 and r.hist.lo == 500
-    w = got[9].cells[("write", False)]
+    w = got[9].cells[("write", False, "syscall")]
     assert (w.ops, got[9].comm) == (4, "cp")
 
     alone = np.zeros((2, NCPUS), dtype=STATS)  # the same numbers in the hash alone

@@ -3,6 +3,7 @@ caps. No kernel needed (the layouts come from the compiled object's BTF)."""
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -10,8 +11,15 @@ import pytest
 
 from meridian.bpf import BpfObject, object_path
 from meridian.hist import Hist, Layout
-from meridian.tools.io.model import NBUCKETS
-from meridian.tools.io.pid_table import NS, OpView, PidTable, delete_keys
+from meridian.tools.io.model import NBUCKETS, PidSummary
+from meridian.tools.io.pid_table import (
+    NS,
+    RETIRED_MAX,
+    OpView,
+    PidTable,
+    _Series,
+    delete_keys,
+)
 
 if not object_path("io").exists():
     pytest.skip("BPF objects not built (make bpf)", allow_module_level=True)
@@ -199,26 +207,6 @@ def test_processes_evicted_from_the_map_leave_the_table() -> None:
     assert [r.pid for r in table.rows()] == [1]
 
 
-def test_process_alive_checks_the_start_and_rechecks_it_only_now_and_then(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from meridian.tools.io import pid_table as io_table
-
-    proc = tmp_path / "42"
-    proc.mkdir()
-    stat = "42 (a b) S" + " 0" * 18 + " {start} 0\n"  # field 22 is the start
-    (proc / "stat").write_text(stat.format(start=500))
-    alive = io_table.ProcessAlive(recheck_s=10, proc_root=str(tmp_path))
-    clock = [0]
-    monkeypatch.setattr("meridian.tools.io.pid_table.time.monotonic_ns", lambda: clock[0])
-    assert alive(42, 500) and not alive(42, 499) and not alive(7, 500)
-    (proc / "stat").write_text(stat.format(start=900))  # PID 42 given to another process
-    clock[0] = 5 * NS
-    assert alive(42, 500)  # not re-read yet: the directory is there
-    clock[0] = 11 * NS
-    assert not alive(42, 500) and alive(42, 900)
-
-
 def test_rolling_rates_are_rounded_for_json() -> None:
     m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid, start: True)
     m.io(100, 0, 1, 1, 1000, disk=(1000, 0))
@@ -302,3 +290,193 @@ def test_delete_keys_counts_the_keys_that_were_there() -> None:
 
     m = Map()
     assert delete_keys(m, [1, 2, 3]) == 2 and m.keys == set()
+
+
+def test_history_keeps_every_sample_of_the_last_12_s_then_one_per_12_s() -> None:
+    """The thinning decides which snapshots a window's rate can use: every one of the
+    last 12 s (a sample exactly 12 s old stays), then the last of each older 12 s
+    bucket, and one anchor at or before the 60 s window's horizon (now - 72 s)."""
+    s = _Series(deque([(0, 0, 0, 0, 0, 0)]))
+    seen = {}
+    for t in range(1, 101):  # one snapshot a second for 100 s
+        s.push((t * NS, 3 * t, 0, 0, 0, 0))
+        seen[t] = [x[0] // NS for x in s.history]
+    assert seen[13] == list(range(14))  # the second sample is exactly 12 s old: no thinning
+    assert seen[14] == list(range(2, 15))  # 0 and 1 are old, 2 is exactly 12 s old
+    assert seen[25] == [11, *range(13, 26)]  # 11: the last of 0-11; 12 is old, 13 not
+    assert seen[94] == [11, 23, 35, 47, 59, 71, *range(82, 95)]
+    assert seen[95] == [23, 35, 47, 59, 71, *range(83, 96)]  # 23 is the horizon: 11 goes
+    assert seen[100] == [23, 35, 47, 59, 71, 83, *range(88, 101)]
+
+
+def test_thinning_starts_at_three_samples_once_the_second_is_older_than_12_s() -> None:
+    """After a 19 s gap between snapshots, a history of three thins already: the first
+    sample shares its 12 s bucket with the second, which is kept as the older anchor."""
+    s = _Series(deque([(0, 0, 0, 0, 0, 0)]))
+    s.push((NS, 1, 0, 0, 0, 0))
+    s.push((20 * NS, 2, 0, 0, 0, 0))
+    assert [x[0] for x in s.history] == [NS, 20 * NS]
+
+
+def test_a_window_halfway_between_two_snapshots_uses_the_older() -> None:
+    """On a tie the older snapshot is nearest: the 1 s window of a table updated 2 s
+    after its start spans those 2 s rather than nothing."""
+    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid, start: True)
+    m.io(1, 0, 1, 4, 3000)
+    table.update(*m.snapshot(), 2 * NS)
+    rd = table.rows()[0].ops["read"]
+    assert (rd.span_s[1], rd.bytes_per_s[1], rd.ops_per_s[1]) == (2.0, 1500.0, 2.0)
+
+
+def disk_table() -> PidTable:
+    """Snapshots at 10 s and 20 s of a process that read from disk in both intervals."""
+    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid, start: True)
+    m.io(1, 0, 0, 1, 4096, disk=(4096, 1_000_000))
+    table.update(*m.snapshot(), 10 * NS)
+    m.io(1, 0, 0, 10, 40960, disk=(40960, 5_000_000))
+    table.update(*m.snapshot(), 20 * NS)
+    return table
+
+
+def test_a_window_shorter_than_the_interval_has_no_span_and_no_rates() -> None:
+    """With snapshots 10 s apart, the 1 s window's nearest snapshot is the newest: its
+    span is 0 and every rate 0, not a division by zero nor a made-up value."""
+    rd = disk_table().rows()[0].ops["read"]
+    assert rd.span_s[1] == 0.0
+    assert (rd.bytes_per_s[1], rd.ops_per_s[1]) == (0.0, 0.0)
+    assert (rd.disk_bytes_per_s[1], rd.io_wait_ns_per_s[1]) == (0.0, 0.0)
+
+
+def test_disk_and_io_wait_rates_subtract_the_older_snapshot() -> None:
+    """iotop's DISK READ/s and IO% come from the disk bytes and the I/O wait between
+    the window's two snapshots, each counter from its own field, divided by the span."""
+    rd = disk_table().rows()[0].ops["read"]
+    assert (rd.span_s[10], rd.disk_bytes_per_s[10], rd.io_wait_ns_per_s[10]) == (
+        10.0,
+        4096.0,
+        500_000.0,
+    )
+    assert (rd.span_s[60], rd.disk_bytes_per_s[60], rd.io_wait_ns_per_s[60]) == (
+        20.0,
+        2252.8,
+        300_000.0,
+    )
+
+
+def test_the_liveness_check_is_asked_about_the_process_pid_and_start() -> None:
+    """A PID alone does not say whether the process lives: the check gets its start."""
+    m, calls = FakeMap(), []
+
+    def alive(pid: int, start: int) -> bool:
+        calls.append((pid, start))
+        return True
+
+    table = PidTable(start_ns=0, alive=alive)
+    m.io(5, 0, 1, 1, 10, start=1234)
+    table.update(*m.snapshot(), NS)
+    assert calls == [(5, 1234)]
+
+
+def test_by_default_a_process_is_retired_30_s_after_and_leaves_nothing_behind() -> None:
+    """The default grace is 30 s; a retired process's series, name, start and death
+    time are forgotten in the update that retires it (the table must not grow)."""
+    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid, start: False)
+    m.io(3, 0, 1, 1, 10)
+    assert not len(table.update(*m.snapshot(), NS))  # seen gone at 1 s
+    assert not len(table.update(*m.snapshot(), 30 * NS))
+    gone = table.update(*m.snapshot(), 31 * NS)
+    assert [int(k["pid"]) for k in gone] == [3]
+    assert table.rows() == [] and table.series == {}
+    assert (table.comms, table.starts, table.dead_since) == ({}, {}, {})
+    assert list(table.retired) == [(3, 0)] and table.retired_forgotten == 0
+
+
+def test_only_the_newest_retired_max_processes_are_kept_and_the_rest_counted() -> None:
+    """Retired summaries are bounded: past RETIRED_MAX the oldest are dropped, and
+    how many were dropped is counted (the exporters report it)."""
+    m = FakeMap()
+    table = PidTable(start_ns=0, grace_s=0, alive=lambda pid, start: False)
+    earlier = PidSummary(100_000, "old")
+    table.retired = {(100_000 + i, 0): earlier for i in range(RETIRED_MAX - 1)}
+    for pid in (1, 2, 3):
+        m.io(pid, 0, 1, 1, 1)
+    assert len(table.update(*m.snapshot(), NS)) == 3
+    assert len(table.retired) == RETIRED_MAX and table.retired_forgotten == 2
+    assert min(table.retired) == (1, 0) and sorted(table.retired)[3] == (100_002, 0)
+
+
+def test_a_new_table_has_no_summaries_rows_or_forgotten() -> None:
+    """Before the first snapshot a reader (the exit summary, the exporters) gets
+    nothing rather than an error."""
+    table = PidTable(start_ns=0, alive=lambda pid, start: True)
+    assert (table.summaries(), table.rows(), table.rolling()) == ([], [], {})
+    assert table.retired_forgotten == 0
+
+
+def test_a_process_keeps_its_last_known_command_name() -> None:
+    """A snapshot without a comm (no CPU has one) leaves the name seen before, and a
+    process never named has an empty one."""
+    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid, start: True)
+    m.comms[4] = b""
+    m.io(4, 0, 1, 1, 10)
+    table.update(*m.snapshot(), NS)
+    assert table.rows()[0].comm == ""
+    m.comms[4] = b"dd"
+    table.update(*m.snapshot(), 2 * NS)
+    assert table.rows()[0].comm == "dd"
+    m.comms[4] = b""
+    table.update(*m.snapshot(), 3 * NS)
+    assert table.rows()[0].comm == "dd"
+
+
+def test_rows_with_equal_bytes_go_by_pid() -> None:
+    """Ties in the window's bytes are ordered by PID (0 first), not by when the table
+    first saw each process, so rows and caps are stable."""
+    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid, start: True)
+    m.io(9, 0, 1, 1, 2000)
+    m.io(1, 0, 1, 1, 2000)
+    table.update(*m.snapshot(), NS)
+    m.io(3, 0, 1, 1, 1000)  # 1000 B/s over 1 s, as 9 and 1 over 2 s
+    m.io(0, 0, 1, 1, 1000)
+    table.update(*m.snapshot(), 2 * NS)
+    rows = table.rows()
+    assert [r.pid for r in rows] == [0, 1, 3, 9] and {r.total(60) for r in rows} == {1000.0}
+
+
+def test_a_capped_comm_row_sums_all_its_processes_and_needs_no_other_row() -> None:
+    """Past the cap, the processes of one command add up into one row; with exactly
+    max_pids such rows there is nothing left for an `other` row."""
+    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid, start: True)
+    sizes = {10: 5000, 11: 4000, 12: 3000, 13: 2000, 14: 1000}
+    names = {10: b"a", 11: b"b", 12: b"c", 13: b"c", 14: b"d"}
+    for pid, n in sizes.items():
+        m.comms[pid] = names[pid]
+        m.io(pid, 0, 1, 1, n)
+    table.update(*m.snapshot(), NS)
+    rows = table.rows(max_pids=2)
+    assert [(r.level, r.pid, r.comm, r.processes, r.ops["read"].bytes) for r in rows] == [
+        ("pid", 10, "a", 1, 5000),
+        ("pid", 11, "b", 1, 4000),
+        ("comm", None, "c", 2, 5000),
+        ("comm", None, "d", 1, 1000),
+    ]
+
+
+def test_a_rows_total_defaults_to_the_1_s_window() -> None:
+    """`Row.total()` is the last second's bytes of all ops (what `top` sorts by)."""
+    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid, start: True)
+    m.io(1, 0, 1, 1, 1000)
+    table.update(*m.snapshot(), NS)
+    m.io(1, 0, 1, 1, 3000)
+    m.io(1, 1, 1, 1, 500)
+    table.update(*m.snapshot(), 2 * NS)
+    (row,) = table.rows()
+    assert (row.total(), row.total(60)) == (3500.0, 2500.0)
+
+
+def test_rolling_rounds_the_span_to_milliseconds() -> None:
+    """A span of 2.5004 s is 2.5 in the JSON, not a whole number of seconds."""
+    m, table = FakeMap(), PidTable(start_ns=0, alive=lambda pid, start: True)
+    m.io(100, 0, 1, 1, 1000)
+    table.update(*m.snapshot(), 2_500_400_000)
+    assert table.rolling()[100]["read"]["10s"]["span_s"] == 2.5

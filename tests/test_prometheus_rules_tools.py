@@ -5,7 +5,7 @@ should fire it and not on one that should not, and every metric the rules read o
 tests feed is one the tool exports, from the code's own metric families.
 
 `exported()` and `metrics_in()` are shared with test_deploy_dashboards.py, which holds
-the dashboards to the same rule."""
+the dashboards to the same rule (`metrics_in()` with test_deploy_dashboards_run.py too)."""
 
 from __future__ import annotations
 

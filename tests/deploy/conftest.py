@@ -5,11 +5,13 @@ as the user deploy/clickhouse/ makes.
 
 Only what a real cluster has differently is changed, in a test overlay: the ClickHouse
 URL of the sentinel ConfigMap points at this test's server (as an operator's with an
-external server does). The pod templates are taken as written: capabilities, host
-namespaces, mounts, probes, resources and the seccomp profile, which is installed where
-a kubelet looks for it (a seccomp root holding meridian/meridian.json). What podman 4.3
-(Debian 12) does not read from a pod spec is given to it the way it reads it, and
-`podman inspect` checks the outcome (test_deploy_pods.py):
+external server does), and the component of this node's runtime (podman's
+containers/storage) is added, as the README tells an operator to. The pod templates
+are taken as written: capabilities, host namespaces, mounts, probes, resources and
+the seccomp profile, which is installed where a kubelet looks for it (a seccomp root
+holding meridian/meridian.json). What podman 4.3 (Debian 12) does not read from a pod
+spec is given to it the way it reads it, and `podman inspect` checks the outcome
+(test_deploy_pods.py):
 
 - the pod's seccompProfile: podman reads only the annotation
   seccomp.security.alpha.kubernetes.io/pod, and only a profile directly in its
@@ -287,7 +289,7 @@ def secret_from_file(name: str, password_file: Path) -> dict[str, Any]:
 
 def overlay(work: Path, url: str) -> Path:
     """The test overlay: the base with the sentinel ConfigMap's clickhouse.url set to
-    this test's server, nothing else."""
+    this test's server, and the containers-storage component (podman's files)."""
     base = [o for o in rendered(K8S) if o["kind"] == "ConfigMap"]
     (cm,) = [o for o in base if "sentinel.yaml" in o.get("data", {})]
     config = yaml.safe_load(cm["data"]["sentinel.yaml"])
@@ -305,6 +307,7 @@ def overlay(work: Path, url: str) -> Path:
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": [os.path.relpath(K8S, directory)],
+        "components": [os.path.relpath(K8S / "components" / "containers-storage", directory)],
         "patches": [{"path": "clickhouse-url.yaml"}],
     }
     (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 from children import wait_until
-from test_deploy_dashboards import PROMETHEUS, Prometheus, started, unix
+from test_deploy_dashboards_run import PROMETHEUS, Prometheus, started, unix
 from test_export_kernel import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import subprocess
 import time
@@ -20,11 +21,12 @@ from typing import Any
 
 import pytest
 import yaml
-from children import reap, wait_until
+from children import build_c, reap, wait_until
 from clickhouse_server import free_port
 from sentinel_store import rollups
 
 from deploy.conftest import (
+    IMAGE,
     K8S,
     READY_WITHIN,
     SECCOMP_ANNOTATION,
@@ -32,6 +34,7 @@ from deploy.conftest import (
     pod_of,
     rendered,
 )
+from deploy.test_containers import READER, SIZE, reader
 from deploy.test_image import READ_SIZE, READS, WRITE_SIZE, WRITES, Workload, scrape
 from meridian.tools.sentinel.storage import BatchingSink, HttpBackend, StoreUnavailable
 from meridian.tools.sentinel.storage.schema import (
@@ -206,6 +209,47 @@ def test_ios_metrics_carry_a_host_process_reads(rollout: Rollout, tmp_path: Path
         )
     finally:
         reap(child.p)
+
+
+def test_ios_metrics_name_a_containers_reads_and_its_pod(rollout: Rollout, tmp_path: Path) -> None:
+    """A podman container on the node (annotated as CRI-O annotates a pod's container)
+    reads its 64 MiB file: the io pod's /metrics has the bytes under its id, with its
+    name, image and pod, read through the component's mounts at --host-root."""
+    build_c(tmp_path, "reader", READER, "-static", "-O2")
+    (target,) = rollout.targets["meridian-io"]
+    host, _, port = target.rpartition(":")
+
+    def read_by(cid: str) -> tuple[float, dict[str, str]]:
+        total, labels = 0.0, {}
+        for s in scrape(int(port), host):
+            if (
+                s.name == "process_disk_io_bytes_total"
+                and s.labels.get("container_id") == cid
+                and s.labels.get("disk_io_direction") == "read"
+                and s.labels.get("meridian_io_writeback") != "true"
+            ):
+                total, labels = total + s.value, s.labels
+        return total, labels
+
+    with reader(tmp_path, f"meridian-test-{os.getpid()}-pods-reader", "web-a") as r:
+        before = read_by(r.id)[0]  # runc's own reads as it started the container
+        r.read()
+        wait_until(
+            lambda: read_by(r.id)[0] - before == SIZE,
+            30,
+            "the container's 64 MiB in the io pod's /metrics",
+            0.5,
+        )
+        labels = read_by(r.id)[1]
+    want = {
+        "container_runtime": "podman",
+        "container_name": r.name,
+        "container_image_name": IMAGE,
+        "k8s_pod_name": "web-a",
+        "k8s_namespace_name": "shop",
+        "k8s_container_name": "reader",
+    }
+    assert {k: labels.get(k) for k in want} == want
 
 
 def loopback_stream(seconds: float) -> None:

@@ -27,8 +27,8 @@ import pytest
 from children import wait_until
 from conftest import LoopDevice
 from netns import IPERF3
-from test_deploy_dashboards import (
-    TOOLS,
+from test_deploy_dashboards import TOOLS
+from test_deploy_dashboards_run import (
     Prometheus,
     burst,
     panel_queries,
@@ -133,7 +133,7 @@ def test_a_quiet_workload_fires_no_alert(prom: Prometheus, ext4: Path) -> None:
 def test_every_dashboard_panel_has_data(
     prom: Prometheus, ext4: Path, loop_device: LoopDevice, tmp_path: Path
 ) -> None:
-    """tests/test_deploy_dashboards.py's workload (file I/O, O_DIRECT and writeback on a
+    """tests/test_deploy_dashboards_run.py's workload (file I/O, O_DIRECT and writeback on a
     loop device, page faults, an iperf3 stream for sentinel's flows) under the
     deployment's tools: each panel's query, as Grafana sends it for this node, has data."""
     if not Path(IPERF3).exists():

@@ -94,6 +94,13 @@ def _kfuncs(tools: list[str]) -> dict[str, dict[str, bool]]:
     return out
 
 
+def _not_counted() -> dict[str, dict[str, str]]:
+    """Per tool, what it cannot count on this kernel for want of a hook, and the hook."""
+    from .io.kernel import missing_hooks
+
+    return {"io": missing_hooks()}
+
+
 def yes(ok: object) -> str:
     return "yes" if ok else "no "
 
@@ -130,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         }
         report["strategies"] = _strategies()
         report["kfuncs"] = _kfuncs(list(report["strategies"]))
+        report["not_counted"] = _not_counted()
     runnable = can_run and any(p.ok for n, p in probes.items() if n in ("tracepoint", "tp_btf"))
     report["can_run"] = bool(runnable)
     if args.json:
@@ -163,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
             for kfunc, ok in report["kfuncs"][tool].items():
                 if not ok:
                     print(f"  {'':<11} without {kfunc}: {KFUNC_FALLBACKS.get(kfunc, '')}")
+            for what, hooks in report["not_counted"].get(tool, {}).items():
+                print(f"  {'':<11} not counted: {what} (this kernel has no {hooks})")
     print(
         "\n"
         + (

@@ -20,7 +20,7 @@ from ...export import Exporters, exporting
 from ...report_loop import workload
 from .block import BlockStats, summarize_block
 from .event_format import TEXT_HEADER, EventFormatter
-from .kernel import FileIO
+from .kernel import URING_MISSING, FileIO
 from .logs import IoLogs
 from .metrics import io_source
 from .options import Options
@@ -96,7 +96,9 @@ def _stream(tool: FileIO, exporters: Exporters, opts: Options, out: TextIO) -> i
     retire = _Retirer(tool, table)
     if opts.verbose:
         print(f"strategy: {tool.strategy.name} ({', '.join(tool.selected)})", file=sys.stderr)
-        sys.stderr.flush()
+    if not tool.uring:
+        print(f"note: {URING_MISSING}", file=sys.stderr)
+    sys.stderr.flush()
     start = time.monotonic()
     if opts.top:
         run_top(tool, table, opts, out, retire)
@@ -131,6 +133,16 @@ def _stream(tool: FileIO, exporters: Exporters, opts: Options, out: TextIO) -> i
     seconds = time.monotonic() - start
     counters = {**counters, **exporters.finish()}  # the last OTLP sends, bounded
     as_json = opts.format == "json"
-    report(table.summaries(), counters, seconds, as_json, out, table.rolling(), block, writeback)
+    report(
+        table.summaries(),
+        counters,
+        seconds,
+        as_json,
+        out,
+        table.rolling(),
+        block,
+        writeback,
+        tool.containers.attrs,
+    )
     out.flush()
     return 0

@@ -5,6 +5,7 @@ and `run`."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -38,6 +39,8 @@ EXAMPLES = """examples:
   meridian io --no-events --duration 10   # metrics only: a per-PID summary after 10 s
   meridian io --no-events --prometheus :9435   # Prometheus metrics read from the maps
   meridian io --no-events --prometheus :9435 --metrics-max-pids all   # every process
+  meridian io --no-events --prometheus :9435 --host-root /host   # in a pod: names its
+                                    # containers from the node's / mounted at /host
   meridian io --top --sort latency  # live per-process view, slowest first (Ctrl-C ends)
   meridian io --top --max-pids 20   # 20 busiest processes, the rest per command name
   meridian io --workload --duration 10 --format text   # demo: a small file workload
@@ -61,6 +64,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="PATH",
         help="only processes in this cgroup v2 directory or below it (a path under the "
         "cgroup2 mount, or as in /proc/PID/cgroup)",
+    )
+    p.add_argument(
+        "--host-root",
+        metavar="DIR",
+        default="/",
+        help="the node's root file system as mounted here (in a pod: its hostPath "
+        "volumes, e.g. /host): containers are named from its cgroups and container "
+        "runtimes' files (default /)",
     )
     p.add_argument("--format", choices=["json", "text"], default="json", help="event format")
     p.add_argument("--min-latency", metavar="MS", help="only events slower than MS milliseconds")
@@ -129,10 +140,15 @@ def options_from_args(args: argparse.Namespace) -> Options:
     export = from_args(args)
     if export.otlp_logs and (args.no_events or args.top):
         raise UsageError("--otlp-logs sends events: it cannot go with --no-events or --top")
+    if not os.path.isdir(args.host_root):
+        raise UsageError(
+            f"--host-root takes a directory (the node's / as mounted), got {args.host_root!r}"
+        )
     return Options(
         pids=running_pids(args.pid),
         comms=comms,
         cgroup=_cgroup(args.cgroup),
+        host_root=args.host_root,
         format=args.format,
         min_latency_ns=int((min_lat or 0) * 1_000_000),
         disk_only=args.disk_only,

@@ -33,7 +33,7 @@ import numpy as np
 
 from ... import proc
 from ...json_columns import Piece, gather, join_lines, numbers
-from .model import OPS
+from .model import INTERFACES, OPS
 from .names import NameCache
 
 __all__ = ["CHUNK", "TEXT_HEADER", "EventFormatter"]
@@ -50,8 +50,10 @@ NUMBERS = (
 AFTER_CACHED = (("io_wait_ns", "io_wait_ns"),)
 KNOWN = {"pid", "tid", "comm", "op", "fd", "dev", "ino", "cached", "ts_ns"}
 KNOWN |= {f for f, _ in NUMBERS + AFTER_CACHED}
+# The OP column: u (io_uring) before the direction of what was submitted through a ring.
+TEXT_OPS = ("read", "write", "uread", "uwrite")
 TEXT_HEADER = (
-    f"{'TIME':<15} {'COMM':<16} {'PID':>7} {'TID':>7} {'OP':<5} {'BYTES':>8} "
+    f"{'TIME':<15} {'COMM':<16} {'PID':>7} {'TID':>7} {'OP':<6} {'BYTES':>8} "
     f"{'LAT(ms)':>9} {'C':<1} {'DISK':>8} {'SECTOR':>12} {'FILE'}"
 )
 _M1, _M2, _M3, _M4 = (
@@ -185,7 +187,7 @@ class EventFormatter:
 
     def identities(self, ev: np.ndarray[Any, Any]) -> Piece:
         """The JSON text from '{' to the file name, once per distinct identity."""
-        op = np.minimum(ev["op"], 1)
+        op = ev["op"] & 3  # enum io_op: the direction, and io_uring
         cols = [ev["pid"], ev["tid"], op, ev["fd"], ev["dev"], ev["ino"]]
         gen = self._generations(ev)
         if gen is not None:  # an inode renamed: its events before and after differ
@@ -214,7 +216,8 @@ class EventFormatter:
             strict=True,
         )
         texts = [
-            f'{{"pid":{p},"tid":{t},"comm":{self.comm(c)},"op":"{OPS[o]}",'
+            f'{{"pid":{p},"tid":{t},"comm":{self.comm(c)},"op":"{OPS[o & 1]}",'
+            f'"interface":"{INTERFACES[o >> 1]}",'
             f'"fd":{f},"file":{self.path(p, f, d, i, g)},'
             f'"dev":"{proc.dev_major(d)}:{proc.dev_minor(d)}","ino":{i}'
             for p, t, c, f, d, i, o, g in rows
@@ -286,7 +289,7 @@ class EventFormatter:
             [comms[c] for c in ev["comm"].tolist()],
             ev["pid"].tolist(),
             ev["tid"].tolist(),
-            [OPS[o] for o in np.minimum(ev["op"], 1).tolist()],
+            [TEXT_OPS[o] for o in (ev["op"] & 3).tolist()],
             ev["bytes"].tolist(),
             (ev["latency_ns"] / 1e6).tolist(),
             ["C" if c else "D" for c in ev["cached"].tolist()],
@@ -294,5 +297,5 @@ class EventFormatter:
             [str(x) if x >= 0 else "-" for x in ev["sector"].tolist()],
             files,
         )
-        line = "%-15s %-16s %7d %7d %-5s %8d %9.3f %-1s %8d %12s %s\n"
+        line = "%-15s %-16s %7d %7d %-6s %8d %9.3f %-1s %8d %12s %s\n"
         return "".join(map(line.__mod__, zip(*cols, strict=True)))

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ...bpf import BpfObject, RingBuffer, Strategy, choose, hook_exists
+from ...containers import Containers
 from ...proc import CLOCK_TICK_NS, thread_slots
 from ...session import Session
 from .names import NameCache
@@ -23,7 +24,16 @@ from .options import Options
 from .pid_table import ProcessAlive
 from .stats_cache import CACHE_WAYS, entry_keys, exited, live, merge
 
-__all__ = ["BLOCK", "STRATEGIES", "SYSCALLS", "WRITEBACK", "FileIO", "signals"]
+__all__ = [
+    "BLOCK",
+    "STRATEGIES",
+    "SYSCALLS",
+    "URING",
+    "WRITEBACK",
+    "FileIO",
+    "missing_hooks",
+    "signals",
+]
 
 SYSCALLS: tuple[str, ...] = ("read", "pread64", "readv", "preadv", "preadv2")
 SYSCALLS += ("write", "pwrite64", "writev", "pwritev", "pwritev2")
@@ -65,6 +75,50 @@ def signals(strategy: Strategy) -> tuple[str, ...]:
 BLOCK = ("tp_io_start", "tp_rq_issue", "tp_rq_complete")
 # Who dirtied each inode's pages, so its writeback is charged to it (io_writeback.bpf.h).
 WRITEBACK = ("tp_dirty_folio",)
+# io_uring reads and writes (io_uring.bpf.h), each program with its tracepoint-strategy
+# twin: the submission (io_uring_submit_req; io_uring_submit_sqe before 6.4), the
+# completion, and the hand-off to an io-wq worker (optional: without it a worker's disk
+# I/O is not seen, so what it read is counted as cached).
+URING_SUBMIT = ("uring_submit", "uring_submit_sqe")
+URING = ("uring_complete", "uring_async")
+URING_MISSING = (
+    "io_uring reads and writes are not counted: this kernel has no io_uring_submit_req "
+    "(6.4+) or io_uring_submit_sqe tracepoint, or no io_uring_complete"
+)
+# What io counts only where the kernel has the hooks, for doctor: each entry's hooks
+# are groups of raw tracepoints, one of each group needed.
+OPTIONAL_HOOKS = {
+    "io_uring reads and writes": (
+        ("io_uring_submit_req", "io_uring_submit_sqe"),
+        ("io_uring_complete",),
+    ),
+    "block requests by submitting process": (("block_io_start",), ("block_rq_complete",)),
+}
+
+
+def missing_hooks() -> dict[str, str]:
+    """What io does not count on this kernel (OPTIONAL_HOOKS), with the hooks it lacks."""
+    out = {}
+    for what, groups in OPTIONAL_HOOKS.items():
+        lacking = [g for g in groups if not any(hook_exists(f"tp_btf/{h}") for h in g)]
+        if lacking:
+            out[what] = " or ".join(h for g in lacking for h in g)
+    return out
+
+
+def uring_programs(obj: BpfObject, strategy: Strategy) -> list[str]:
+    """The io_uring programs `strategy` loads where this kernel has their hooks: none
+    without a submission and a completion tracepoint."""
+    prefix = "tp_" if strategy.name == "tracepoint" else "btf_"
+    have = [
+        p
+        for p in (prefix + n for n in (*URING_SUBMIT, *URING))
+        if hook_exists(obj.programs[p].section)
+    ]
+    submit = [p for p in have if p.removeprefix(prefix) in URING_SUBMIT][:1]
+    if not submit or prefix + "uring_complete" not in have:
+        return []
+    return submit + [p for p in have if p.removeprefix(prefix) in URING]
 
 
 class FileIO(Session):
@@ -78,6 +132,8 @@ class FileIO(Session):
         self.cache_ways = cache_ways  # stats_cache.py; 0: none
         self.strategy = choose(STRATEGIES, opts.strategy)
         self.selected: list[str] = []
+        self.uring = False  # io_uring's reads and writes are counted (URING_MISSING)
+        self.containers = Containers.on_host(opts.host_root)  # by cgroup id
         self.names = NameCache(forget=self._forget)  # the kernel's paths, per inode
         self.names_ring: RingBuffer | None = None
         self.alive = ProcessAlive()
@@ -88,7 +144,7 @@ class FileIO(Session):
         """The strategy's programs whose hooks this kernel has, plus the disk signals."""
         progs = [p for p in self.strategy.programs if hook_exists(obj.programs[p].section)]
         block = [p for p in BLOCK if hook_exists(obj.programs[p].section)]
-        disk = list(signals(self.strategy))
+        disk = list(signals(self.strategy)) + uring_programs(obj, self.strategy)
         if len(block) != len(BLOCK):
             return progs + disk
         wb = [p for p in WRITEBACK if hook_exists(obj.programs[p].section)]
@@ -98,6 +154,7 @@ class FileIO(Session):
         o = self.opts
         slots = o.thread_slots or thread_slots()
         self.selected = self.programs(obj)
+        self.uring = any("uring_complete" in p for p in self.selected)
         obj.set_rodata(
             {
                 "filter_pid": bool(o.pids),

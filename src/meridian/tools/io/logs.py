@@ -27,6 +27,7 @@ IDENTITY_ATTRS = (
     ("fd", "meridian.io.fd"),
     ("comm", "process.executable.name"),
     ("op", "disk.io.direction"),
+    ("interface", "meridian.io.interface"),  # syscall, or io_uring
     ("file", "file.path"),
 )
 # Event record fields -> attributes.

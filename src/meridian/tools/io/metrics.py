@@ -13,8 +13,8 @@ per-command rows, is for people; this is for a time-series store).
 | OpenTelemetry name                  | Prometheus name                               | attributes |
 | ----------------------------------- | --------------------------------------------- | ---------- |
 | process.disk.io (By)                | process_disk_io_bytes_total                   | P, D, W    |
-| process.disk.operations             | process_disk_operations_total                 | P, D, C    |
-| process.disk.operation.duration (s) | process_disk_operation_duration_seconds       | P, D, C    |
+| process.disk.operations             | process_disk_operations_total                 | P, D, C, I |
+| process.disk.operation.duration (s) | process_disk_operation_duration_seconds       | P, D, C, I |
 | process.disk.device.io (By)         | process_disk_device_io_bytes_total            | P, D       |
 | process.disk.io_wait (s)            | process_disk_io_wait_seconds_total            | P, D       |
 | process.disk.cache.hit_ratio (1)    | process_disk_cache_hit_ratio                  | P, D       |
@@ -25,8 +25,13 @@ per-command rows, is for people; this is for a time-series store).
 | meridian.block.io (By)              | meridian_block_io_bytes_total                 | P, D       |
 | meridian.block.request.duration (s) | meridian_block_request_duration_seconds       | P, D       |
 
-P: process.pid, process.executable.name; D: disk.io.direction (read, write);
-C: meridian.io.cached (true: served by the page cache); W: meridian.io.writeback (true:
+P: process.pid, process.executable.name, and for a process in a container its
+container.id, container.runtime and k8s.pod.uid (from its cgroup), its container.name,
+container.image.name, k8s.pod.name, k8s.namespace.name and k8s.container.name (from the
+runtime's files, where readable: containers.py);
+D: disk.io.direction (read, write);
+C: meridian.io.cached (true: served by the page cache); I: meridian.io.interface
+(syscall, or io_uring: submitted through an io_uring ring); W: meridian.io.writeback (true:
 bytes written back to disk for pages the process dirtied, charged to it, not the
 flusher). The block families count device requests by the process that submitted them
 (block.py, `block_series()`). First and last times are Unix times in seconds; latency
@@ -37,7 +42,7 @@ the exact sum, min and max.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -75,15 +80,24 @@ def latency_point(attrs: Attrs, hist: Log2Hist, sum_ns: int, max_ns: int) -> His
     return HistPoint(attrs, hist.slots, 1e-9, sum_ns / 1e9, max_ns / 1e9, low)
 
 
-def capped(pids: Mapping[int, PidSummary], max_series: int | None) -> list[Group]:
+def capped(
+    pids: Mapping[int, PidSummary],
+    max_series: int | None,
+    container: Callable[[int], dict[str, str]] | None = None,
+) -> list[Group]:
     """(attributes, summary) per series group: one per process, or with more than
     `max_series` processes the `max_series - 1` with the most cumulative bytes (so a
     steady process keeps its series) and one sum of the rest, `process.pid` = "other".
-    So a scrape never holds more groups than `max_series`, however many processes."""
+    So a scrape never holds more groups than `max_series`, however many processes.
+    `container`: a process's container attributes by its cgroup id (Containers.attrs)."""
     ranked = sorted(pids.values(), key=lambda ps: (-ps.total().bytes, ps.pid))
 
     def own(ps: PidSummary) -> Group:
-        return {"process.pid": ps.pid, "process.executable.name": ps.comm}, ps
+        attrs: dict[str, str | int | bool] = {"process.pid": ps.pid}
+        attrs["process.executable.name"] = ps.comm
+        if container is not None:
+            attrs.update(container(ps.cgroup_id))
+        return attrs, ps
 
     if max_series is None or len(ranked) <= max_series:
         return [own(ps) for ps in ranked]
@@ -95,7 +109,10 @@ def capped(pids: Mapping[int, PidSummary], max_series: int | None) -> list[Group
 
 
 def snapshot_groups(
-    keys: np.ndarray[Any, Any], vals: np.ndarray[Any, Any], max_series: int | None
+    keys: np.ndarray[Any, Any],
+    vals: np.ndarray[Any, Any],
+    max_series: int | None,
+    container: Callable[[int], dict[str, str]] | None = None,
 ) -> list[Group]:
     """`capped(summarize(keys, vals), max_series)` straight from the aggregate map's
     snapshot: processes are ranked with numpy, only the kept ones become summaries,
@@ -113,14 +130,14 @@ def snapshot_groups(
     np.maximum.at(newest, inv, start)
     live = start == newest[inv]  # the newest process of each PID, as summarize() keeps
     if max_series is None or len(uniq) <= max_series:
-        return capped(summarize(keys, vals), max_series)
+        return capped(summarize(keys, vals), max_series, container)
     rows = vals.reshape(n, -1)
     per_key = rows["bytes"].sum(axis=1).astype(np.int64)
     per_pid = np.zeros(len(uniq), dtype=np.int64)
     np.add.at(per_pid, inv[live], per_key[live])
     keep = uniq[np.lexsort((uniq, -per_pid))[: max_series - 1]]
     kept = live & np.isin(pid, keep)
-    groups = capped(summarize(keys[kept], vals[kept]), None)
+    groups = capped(summarize(keys[kept], vals[kept]), None, container)
     other = PidSummary(0, OTHER)
     rest = live & ~kept
     cells = zip(keys["op"][rest].tolist(), keys["cached"][rest].tolist(), strict=True)
@@ -186,11 +203,14 @@ def series_of(
             ratio.points.append(Point(pd, ps.hit_ratio(op) or 0.0))
             first.points.append(Point(pd, (t.first_ns + mono_to_unix_ns) / 1e9))
             last.points.append(Point(pd, (t.last_ns + mono_to_unix_ns) / 1e9))
-            for cached in (False, True):
-                s = ps.cells.get((op, cached))
-                if s is None or not s.ops:
+            for (o, cached, via), s in sorted(ps.cells.items()):
+                if o != op or not s.ops:
                     continue
-                pdc: dict[str, str | int | bool] = {**pd, "meridian.io.cached": cached}
+                pdc: dict[str, str | int | bool] = {
+                    **pd,
+                    "meridian.io.cached": cached,
+                    "meridian.io.interface": via,
+                }
                 ops.points.append(Point(pdc, s.ops))
                 lat.points.append(latency_point(pdc, s.hist, s.latency_sum_ns, s.latency_max_ns))
     for b in writeback:
@@ -241,7 +261,7 @@ def io_source(tool: FileIO, max_series: int | None = None) -> Source:
     offset = time.time_ns() - time.monotonic_ns()
 
     def source() -> list[Family]:
-        groups = snapshot_groups(*tool.stats(), max_series)
+        groups = snapshot_groups(*tool.stats(), max_series, tool.containers.attrs)
         wb = by_process(summarize_writeback(*tool.writeback_stats()))
         if max_series is not None and len({b.pid for b in wb}) > max_series:
             wb = capped_block(list(wb), max_series - 1)

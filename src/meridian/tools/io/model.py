@@ -2,9 +2,11 @@
 
 The kernel keeps one aggregate per (process, op, cached): operations, bytes, disk
 bytes, I/O wait, latency sum, minimum and maximum, first and last time, and a
-log-linear latency histogram (hist.py), per CPU. `summarize_processes` sums them over
-CPUs into a `PidSummary` per process, its cells `OpStats` by op and cached (True: the
-page cache served it). Everything else (the PID table, the views, the metrics) reads these.
+log-linear latency histogram (hist.py), per CPU. The kernel's op is the direction and
+the interface: a read or write syscall, or a read or write submitted through io_uring.
+`summarize_processes` sums them over CPUs into a `PidSummary` per process, its cells
+`OpStats` by direction, cached (True: the page cache served it) and interface.
+Everything else (the PID table, the views, the metrics) reads these.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from ...output import iso_now
 from ...proc import start_wall_ns
 
 __all__ = [
+    "INTERFACES",
     "OPS",
     "OpStats",
     "PidSummary",
     "first_comm",
+    "interface_name",
     "latency_hist",
     "op_name",
     "summarize",
@@ -30,11 +34,17 @@ __all__ = [
 ]
 
 OPS = ("read", "write")
+INTERFACES = ("syscall", "io_uring")  # how the operation was asked for
 
 
 def op_name(op: int) -> str:
-    """The name of a kernel `enum io_op` value (anything past write reads as write)."""
-    return OPS[min(op, 1)]
+    """The direction of a kernel `enum io_op` value (its bit 0)."""
+    return OPS[op & 1]
+
+
+def interface_name(op: int) -> str:
+    """The interface of a kernel `enum io_op` value (its bit 1: io_uring)."""
+    return INTERFACES[(op >> 1) & 1]
 
 
 def first_comm(per_cpu: np.ndarray[Any, Any]) -> str:
@@ -92,17 +102,21 @@ class OpStats:
 
 @dataclass
 class PidSummary:
-    """Everything one process did, split by op and cached (True) / disk (False)."""
+    """Everything one process did, split by op, cached (True) / disk (False) and
+    interface (INTERFACES)."""
 
     pid: int
     comm: str
-    cells: dict[tuple[str, bool], OpStats] = field(default_factory=dict)
+    cells: dict[tuple[str, bool, str], OpStats] = field(default_factory=dict)
     start: int = 0  # clock ticks since boot (/proc/PID/stat field 22): tells reused PIDs apart
+    cgroup_id: int = 0  # its cgroup v2 id, as the kernel saw it (0: not known)
 
-    def total(self, op: str | None = None, cached: bool | None = None) -> OpStats:
+    def total(
+        self, op: str | None = None, cached: bool | None = None, interface: str | None = None
+    ) -> OpStats:
         out = OpStats()
-        for (o, c), s in self.cells.items():
-            if (op is None or o == op) and (cached is None or c == cached):
+        for (o, c, i), s in self.cells.items():
+            if op in (None, o) and cached in (None, c) and interface in (None, i):
                 out.add(s)
         return out
 
@@ -115,10 +129,13 @@ class PidSummary:
         for cell, s in other.cells.items():
             self.cells.setdefault(cell, OpStats()).add(s)
 
-    def as_dict(self, seconds: float) -> dict[str, Any]:
+    def as_dict(self, seconds: float, container: dict[str, str] | None = None) -> dict[str, Any]:
+        """`container`: its container's attributes (containers.Containers), if any."""
         out: dict[str, Any] = {"type": "summary", "pid": self.pid, "comm": self.comm}
         if self.start:  # tells two processes apart that had the same PID
             out["start_time"] = iso_now(start_wall_ns(self.start))
+        if container:
+            out["container"] = container
         for op in OPS:
             t = self.total(op)
             if not t.ops:
@@ -141,6 +158,16 @@ class PidSummary:
                 "last_ns": t.last_ns,
                 "latency": t.hist.to_json(),
             }
+            uring = self.total(op, interface="io_uring")
+            if uring.ops:  # the part of the above submitted through io_uring
+                out[op]["io_uring"] = {
+                    "ops": uring.ops,
+                    "bytes": uring.bytes,
+                    "disk_bytes": uring.disk_bytes,
+                    "cached_ops": self.total(op, True, "io_uring").ops,
+                    "latency_avg_ns": uring.latency_sum_ns // uring.ops,
+                    "latency_max_ns": uring.latency_max_ns,
+                }
         return out
 
 
@@ -172,5 +199,7 @@ def summarize_processes(
             hist=latency_hist(v),
         )
         ps = out.setdefault((pid, start), PidSummary(pid, first_comm(v), start=start))
-        ps.cells[(op_name(int(k["op"])), bool(k["cached"]))] = s
+        ps.cgroup_id = max(ps.cgroup_id, int(v["cgroup_id"].max()))
+        op = int(k["op"])
+        ps.cells[(op_name(op), bool(k["cached"]), interface_name(op))] = s
     return dict(sorted(out.items()))

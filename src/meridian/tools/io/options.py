@@ -19,6 +19,7 @@ class Options:
     pids: list[int] = field(default_factory=list)
     comms: list[str] = field(default_factory=list)
     cgroup: tuple[int, int] | None = None  # cgroup v2 (id, depth), see cli.cgroup_id()
+    host_root: str = "/"  # the node's / (in a pod, where its hostPath volumes are)
     format: str = "json"
     min_latency_ns: int = 0
     disk_only: bool = False

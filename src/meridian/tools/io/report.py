@@ -3,7 +3,7 @@ with the block requests per submitting process and what was lost."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
 from ...hist import Hist
@@ -48,15 +48,17 @@ def report(
     rolling: dict[int, dict[str, Any]] | None = None,
     block: list[BlockStats] | None = None,
     writeback: list[WritebackStats] | None = None,
+    container: Callable[[int], dict[str, str]] | None = None,
 ) -> None:
     """The per-PID summary; `rolling` (PidTable.rolling()) adds each live process's
     1 s / 10 s / 60 s throughput per op to the JSON objects; `block` the device
     requests per submitting process (block.py); `writeback` the write requests issued
-    on behalf of the process that dirtied the pages (writeback.py)."""
+    on behalf of the process that dirtied the pages (writeback.py); `container` each
+    process's container attributes by its cgroup id (Containers.attrs)."""
     if as_json:
         w = JsonWriter(out)
         for ps in pids:
-            d = ps.as_dict(seconds)
+            d = ps.as_dict(seconds, container(ps.cgroup_id) if container else None)
             for op, windows in (rolling or {}).get(ps.pid, {}).items():
                 if op in d:
                     d[op]["rolling"] = windows
