@@ -294,7 +294,7 @@ def test_metrics_cap_keeps_the_busiest_and_sums_the_rest_into_other() -> None:
     from meridian.tools.io.model import OpStats, PidSummary
 
     def proc(pid: int, comm: str, nbytes: int) -> PidSummary:
-        return PidSummary(pid, comm, {("read", True): OpStats(ops=1, bytes=nbytes)})
+        return PidSummary(pid, comm, {("read", True, "syscall"): OpStats(ops=1, bytes=nbytes)})
 
     pids = {
         1: proc(1, "big", 1000),

@@ -55,7 +55,7 @@ def reader(pid: int, comm: str, latencies: dict[int, int]) -> Group:
         hist=Hist.of_buckets(buckets, "nsecs", min(latencies), max(latencies)),
     )
     attrs: dict[str, str | int | bool] = {"process.pid": pid, "process.executable.name": comm}
-    return attrs, PidSummary(pid, comm, {("read", False): stats})
+    return attrs, PidSummary(pid, comm, {("read", False, "syscall"): stats})
 
 
 # A fast reader, a mostly fast one with a few very slow reads, and one with reads below
@@ -182,6 +182,7 @@ def test_otlp_points_have_the_family_bounds_and_prometheus_counts() -> None:
         key = (
             ("disk_io_direction", "read"),
             ("meridian_io_cached", "false"),
+            ("meridian_io_interface", "syscall"),
             ("process_executable_name", attrs["process.executable.name"]),
             ("process_pid", str(attrs["process.pid"])),
         )

@@ -8,13 +8,13 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from export_fakes import free_port, wait_for
 from io_trace import io_layouts
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.logs.v1 import logs_pb2
@@ -101,22 +101,9 @@ def events(n: int, fd: int, ino: int, dev: int) -> np.ndarray:
     ev["io_wait_ns"] = np.where(i % 3 == 0, i, 0)
     ev["ino"], ev["dev"], ev["fd"] = ino, dev, fd
     ev["pid"], ev["tid"] = os.getpid(), os.getpid() + i % 4
-    ev["op"], ev["cached"] = i % 2, i % 3 != 0
+    ev["op"], ev["cached"] = i % 4, i % 3 != 0  # 2, 3: through io_uring
     ev["comm"] = np.where(i % 5 == 0, b"dd", b"cat")
     return ev
-
-
-def wait(pred: Callable[[], bool], seconds: float = 30.0) -> bool:
-    end = time.monotonic() + seconds
-    while not pred() and time.monotonic() < end:
-        time.sleep(0.05)
-    return pred()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -138,6 +125,7 @@ ATTR_OF_FIELD = {
     "meridian.io.fd": "fd",
     "process.executable.name": "comm",
     "disk.io.direction": "op",
+    "meridian.io.interface": "interface",
     "file.path": "file",
     "meridian.io.bytes": "bytes",
     "meridian.io.bytes_requested": "bytes_requested",
@@ -213,9 +201,9 @@ def test_collector_that_comes_back_gets_every_record(opened: tuple[int, int, int
     batch = events(5000, fd, ino, dev)
     sink.emit(batch, fmt.json_lines(batch))
     try:
-        assert wait(lambda: logs.failures >= 2)
+        assert wait_for(lambda: logs.failures >= 2, 30)
         with grpc_receiver(port) as (_, got):
-            assert wait(lambda: len(got.log_records()) == 5000, 90)
+            assert wait_for(lambda: len(got.log_records()) == 5000, 90)
             logs.close()
             assert len(got.log_records()) == 5000
     finally:
@@ -232,7 +220,8 @@ def processes(n: int) -> dict[int, PidSummary]:
     out = {}
     for i in range(n):
         ps = PidSummary(1000 + i, f"p{i % 37:04d}")
-        for j, cell in enumerate((("read", True), ("read", False), ("write", True))):
+        cells = (("read", True, "syscall"), ("read", False, "syscall"), ("write", True, "syscall"))
+        for j, cell in enumerate(cells):
             slots = np.zeros(40, dtype=np.uint64)
             slots[10 + j], slots[12 + i % 5] = i + 1, 3
             ps.cells[cell] = OpStats(
