@@ -70,9 +70,20 @@ def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """With MERIDIAN_REQUIRE_BPF=1 a skip (in the test, a fixture or a skipif) is a
-    failure: what it waits for must be installed, not silently passed over."""
+    failure: what it waits for must be installed, not silently passed over. In a guest
+    of kernel_matrix.py (MERIDIAN_TEST_SLOWDOWN set), a failure is printed when it
+    happens: a guest stopped at its time limit never reaches pytest's summary."""
     outcome = yield
     report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    _skip_is_failure(item, report)
+    if report.failed and os.environ.get("MERIDIAN_TEST_SLOWDOWN"):
+        terminal = item.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is not None:
+            text = report.longreprtext[-8000:]
+            terminal.write_line(f"\n{item.nodeid} failed ({report.when}):\n{text}")
+
+
+def _skip_is_failure(item: pytest.Item, report: pytest.TestReport) -> None:
     if not (REQUIRE_BPF and report.skipped) or hasattr(report, "wasxfail"):
         return
     if item.nodeid.split("[")[0] in HARDWARE_SKIPS:
@@ -123,7 +134,10 @@ class LoopDevice:
         """No udev probe reads the device meanwhile. udevd watches block devices and
         probes one (blkid: 48 reads in Debian's guests) each time a writer closes it,
         adding its requests to the workload's; it postpones the events of a device
-        held with LOCK_EX (systemd's block device locking) until the lock goes."""
+        held with LOCK_EX (systemd's block device locking) until the lock goes. A probe
+        under way holds LOCK_SH, so taking the lock waits for it: hold it before a tool
+        attaches, or the tool streams the probe's reads (48 extra slow-I/O records
+        failed CI's 6.1 guest that way)."""
         fd = os.open(self.path, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -225,3 +239,14 @@ def pin_query_clock(monkeypatch: pytest.MonkeyPatch, now_s: float) -> None:
     from meridian.tools.sentinel.query import store
 
     monkeypatch.setattr(store, "time", types.SimpleNamespace(time=lambda: now_s))
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    """Processes a test started, killed if the test left them running."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.communicate(timeout=10)

@@ -41,6 +41,8 @@ DEFAULT_TESTS = (
     "tests/test_io_kernel_stats_cache.py",
     # the disk signals read from the folio and the bio (tp_btf), against the tracepoints
     "tests/test_io_kernel_disk.py::test_cold_read_is_disk_warm_read_is_cached",
+    # io_uring: io_uring_submit_sqe on 6.1, io_uring_submit_req since 6.4
+    "tests/test_io_kernel_uring.py",
     "tests/test_syscalls_kernel.py::test_openat_calls_of_cat_equal_straces",
     "tests/test_syscalls_kernel.py::test_a_pid_added_while_tracing_is_traced_from_its_next_call",
     "tests/test_syscalls_kernel.py::test_prog_calls_paired_with_paths",

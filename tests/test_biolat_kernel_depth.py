@@ -71,7 +71,7 @@ def test_utilization_and_latency_by_depth_at_iodepth_1_and_32(
     (avg 0.3-0.8 ms against 8-16 ms)."""
     run_or_skip(STRATEGIES, strategy)
     opts = Options(per_disk=True, disk=loop_device.dev, depth=True, strategy=strategy)
-    with Biolat(opts) as tool, loop_device.udev_held_off():
+    with loop_device.udev_held_off(), Biolat(opts) as tool:
         shallow, ticks_shallow = interval(tool, loop_device, 1)
         deep, ticks_deep = interval(tool, loop_device, 32)
     one = depth_rows(shallow, opts)[loop_device.dev]
@@ -81,11 +81,16 @@ def test_utilization_and_latency_by_depth_at_iodepth_1_and_32(
     assert abs(many["utilization"] - ticks_deep) <= 0.02
     assert many["utilization"] >= 0.95
     assert 0.1 < one["utilization"] <= ticks_shallow + 0.02
-    [alone] = one["latency_by_depth"]  # every request issued alone
-    assert alone.depths == (1, 1) and one["max"] == 1
-    # fio's 32; 33 if a completion no tracer saw left one counted in flight (see
-    # test_biolat_kernel.unseen: about one request in 20,000)
-    assert many["max"] in (32, 33)
+    # Every request issued alone, but for some with one more in flight: seen once in a
+    # few runs under load with depth 32's maximum still 32 (a few requests: one of
+    # fio's reads issued as two requests, or another process's request; not told
+    # apart), and after a completion no tracer saw (about one request in 20,000, see
+    # test_biolat_kernel.unseen) all the requests that follow, at depth 32 too.
+    alone, *more = one["latency_by_depth"]
+    assert alone.depths == (1, 1)
+    assert [d.depths for d in more] in ([], [(2, 3)]), one["latency_by_depth"]
+    assert one["max"] == 1 + len(more)
+    assert 32 <= many["max"] <= 33 + len(more)  # fio's 32, and as above
     deep_rows = [d for d in many["latency_by_depth"] if d.depths[0] >= 16]
     deep_avg = sum(d.sum_ns for d in deep_rows) / sum(d.hist.total for d in deep_rows)
     print(f"depth 1: avg {alone.sum_ns / alone.hist.total:.0f} ns; 16+: {deep_avg:.0f} ns")
@@ -109,7 +114,7 @@ def test_busy_time_at_depth_1_is_the_sum_of_the_latencies(loop_device: LoopDevic
     fd = os.open(loop_device.path, os.O_RDONLY | os.O_DIRECT)
     aligned = mmap.mmap(-1, 4096)  # O_DIRECT wants an aligned buffer: a page is
     try:
-        with Biolat(opts) as tool, loop_device.udev_held_off():
+        with loop_device.udev_held_off(), Biolat(opts) as tool:
             start = tool.snapshot()
             for i in range(300):
                 os.preadv(fd, [aligned], i * 4096)
