@@ -17,6 +17,7 @@ from children import reap
 from io_trace import end_child, go
 
 from meridian.cgroup import cgroup2_mounts
+from meridian.containers import Containers
 from meridian.tools.io.kernel import FileIO
 from meridian.tools.io.metrics import snapshot_groups
 from meridian.tools.io.model import summarize
@@ -90,3 +91,39 @@ def test_a_containers_reads_carry_its_id(
     # A process outside any container has none.
     host = [a for a, g in groups if g.pid != child.pid]
     assert all("container.id" not in a for a in host)
+
+
+def test_container_filter_keeps_its_processes_only(
+    container_cgroup: tuple[Path, str], tmp_path: Path
+) -> None:
+    """--container with a prefix of the id: the kernel keeps the reader in the
+    container's cgroup, and nothing of the same reader outside it."""
+    scope, cid = container_cgroup
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(1 << 20))
+    found = Containers().cgroup_of(container=cid[:12])
+    assert (found.id, found.path) == (scope.stat().st_ino, str(scope))
+    procs = scope / "cgroup.procs"
+
+    def start(into: Path | None) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-c", READER, str(data)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            preexec_fn=None if into is None else lambda: into.write_text(f"{os.getpid()}\n"),
+        )
+
+    with FileIO(Options(cgroup=(found.id, found.depth))) as tool:
+        inside, outside = start(procs), start(None)
+        try:
+            for child in (inside, outside):
+                assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+                assert go(child) == b"done\n"
+            stats = summarize(*tool.stats())
+            for child in (inside, outside):
+                end_child(child)
+        finally:
+            reap(inside)
+            reap(outside)
+    assert set(stats) == {inside.pid}
+    assert stats[inside.pid].total("read").bytes >= 1 << 20

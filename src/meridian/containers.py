@@ -36,6 +36,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .cgroup import Cgroup, cgroup2_mounts
+from .errors import UsageError
+
 __all__ = [
     "CgroupPaths",
     "ContainerRef",
@@ -268,8 +271,6 @@ class Containers:
     CACHE_MAX = 65536
 
     def __init__(self, root: str | None = None, files: RuntimeFiles | None = None) -> None:
-        from .cgroup import cgroup2_mounts
-
         self.paths = CgroupPaths(root or next(iter(cgroup2_mounts()), "/sys/fs/cgroup"))
         self.files = files or RuntimeFiles()
         self.cache: dict[int, dict[str, str]] = {}
@@ -282,8 +283,6 @@ class Containers:
         runtimes' files, below `host_root`."""
         if os.path.realpath(host_root) == "/":
             return cls()
-        from .cgroup import cgroup2_mounts
-
         mount = next(iter(cgroup2_mounts(f"{proc}/1/mountinfo")), "/sys/fs/cgroup")
         return cls(os.path.join(host_root, mount.lstrip("/")), RuntimeFiles(host_root))
 
@@ -305,3 +304,66 @@ class Containers:
                 got.update(self.files.attrs(ref.id))
             self.cache[cgroup_id] = got
         return got
+
+    def cgroup_of(self, container: str | None = None, pod: str | None = None) -> Cgroup:
+        """The cgroup that --container or --pod names, for a tool's kernel filter (that
+        cgroup and those below it). A container by its name or a unique prefix of its id;
+        a pod by its uid, its name or NAMESPACE/NAME. Only those running now: the filter
+        is the cgroup's id, which a container started later does not have."""
+        flag, wanted = ("--container", container) if container else ("--pod", pod or "")
+        found = _containers_dirs(self.paths.root)
+        if container:
+            dirs = {
+                top
+                for cid, (top, _) in found.items()
+                if cid.startswith(container.lower())
+                or self.files.attrs(cid).get("container.name") == container
+            }
+        else:
+            pods = _pod_dirs(self.paths.root)
+            uids = {wanted.lower().replace("_", "-")} & set(pods)
+            uids |= {
+                ref.pod_uid
+                for cid, (_, ref) in found.items()
+                if ref.pod_uid and _pod_named(self.files.attrs(cid), wanted)
+            }
+            dirs = {pods[u] for u in uids if u in pods}
+        if len(dirs) != 1:
+            what = "matches no running one" if not dirs else f"matches {len(dirs)}"
+            more = "give more of its id" if container else "give NAMESPACE/NAME or its uid"
+            fix = more if dirs else "see podman ps, crictl pods or docker ps"
+            raise UsageError(
+                f"{flag} {wanted!r} {what} under {self.paths.root} ({fix}; "
+                "or name its cgroup with --cgroup)"
+            )
+        (top,) = dirs
+        rel = os.path.relpath(top, self.paths.root)
+        return Cgroup(os.stat(top).st_ino, len(rel.split("/")), top)
+
+
+def _pod_named(attrs: dict[str, str], wanted: str) -> bool:
+    """Whether a container's attributes name the pod `wanted` (NAME or NAMESPACE/NAME)."""
+    namespace, _, name = wanted.rpartition("/")
+    if attrs.get("k8s.pod.name") != name:
+        return False
+    return not namespace or attrs.get("k8s.namespace.name") == namespace
+
+
+def _containers_dirs(root: str) -> dict[str, tuple[str, ContainerRef]]:
+    """Each container's cgroup directory below `root` (the highest that names it), by id."""
+    out: dict[str, tuple[str, ContainerRef]] = {}
+    for top, _, _ in os.walk(root):
+        ref = container_of("/" + os.path.relpath(top, root))
+        if ref is not None and ref.id in os.path.basename(top):
+            out.setdefault(ref.id, (top, ref))
+    return out
+
+
+def _pod_dirs(root: str) -> dict[str, str]:
+    """Each Kubernetes pod's cgroup directory below `root`, by uid."""
+    out: dict[str, str] = {}
+    for top, _, _ in os.walk(root):
+        m = _POD.match(os.path.basename(top))
+        if m:
+            out.setdefault(m.group(1).replace("_", "-"), top)
+    return out

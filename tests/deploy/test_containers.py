@@ -2,7 +2,7 @@
 file of their own; io charges each container's id exactly 64 MiB, and names each
 one's container, image and the pod the kubelet's runtimes annotate it with (as CRI-O
 writes them into the bundle: podman's --annotation), from the runtime's files on the
-node (containers.RuntimeFiles)."""
+node (containers.RuntimeFiles). --container keeps one of them by its name."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 from children import build_c, patience, wait_until
 
 from deploy.conftest import IMAGE, containers_conf, image_present
+from meridian.containers import Containers
 from meridian.tools.io.kernel import FileIO
 from meridian.tools.io.metrics import snapshot_groups
 from meridian.tools.io.options import Options
@@ -150,3 +151,23 @@ def test_two_containers_reads_are_charged_to_each_by_name(tmp_path: Path) -> Non
         }
         attrs = after[c.id][1]
         assert {k: attrs.get(k) for k in want} == want
+
+
+def test_the_container_filter_keeps_one_container_by_its_name(tmp_path: Path) -> None:
+    """--container NAME, resolved from podman's own files: io keeps that container's
+    64 MiB and nothing of the other's."""
+    image_present()
+    build_c(tmp_path, "reader", READER, "-static", "-O2")
+    prefix = f"meridian-test-{os.getpid()}"
+    with (
+        reader(tmp_path, f"{prefix}-a", "web-a") as a,
+        reader(tmp_path, f"{prefix}-b", "web-b") as b,
+    ):
+        found = Containers().cgroup_of(container=a.name)
+        with FileIO(Options(cgroup=(found.id, found.depth))) as tool:
+            before = by_container(tool)
+            a.read()
+            b.read()
+            after = by_container(tool)
+    assert set(after) == {a.id}
+    assert after[a.id][0] - before.get(a.id, (0, {}))[0] == SIZE

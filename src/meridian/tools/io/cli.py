@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from ... import cgroup
+from ...containers import Containers
 from ...errors import UsageError
 from ...export import add_arguments, from_args
 from ...flags import (
@@ -33,6 +34,8 @@ EXAMPLES = """examples:
   meridian io -p 1234 -p 5678       # only these processes (filtered in the kernel)
   meridian io --comm postgres       # only processes with this name
   meridian io --cgroup /system.slice/nginx.service   # one cgroup (v2) and those below it
+  meridian io --container web --format text   # one container, by name or id prefix
+  meridian io --pod default/web-0 --no-events --duration 30   # one Kubernetes pod
   meridian io --format text         # aligned columns for people
   meridian io --disk-only           # only operations that reached the disk
   meridian io --min-latency 10      # only operations slower than 10 ms
@@ -59,11 +62,23 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     add_pid(p)
     p.add_argument("--comm", action="append", default=[], help="trace this process name")
-    p.add_argument(
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
         "--cgroup",
         metavar="PATH",
         help="only processes in this cgroup v2 directory or below it (a path under the "
         "cgroup2 mount, or as in /proc/PID/cgroup)",
+    )
+    where.add_argument(
+        "--container",
+        metavar="NAME|ID",
+        help="only this running container's processes (its name or a unique prefix of "
+        "its id; docker, containerd, CRI-O, podman)",
+    )
+    where.add_argument(
+        "--pod",
+        metavar="NAME|UID",
+        help="only this running Kubernetes pod's processes (its name, NAMESPACE/NAME, or its uid)",
     )
     p.add_argument(
         "--host-root",
@@ -106,11 +121,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _cgroup(path: str | None) -> tuple[int, int] | None:
-    """--cgroup as the kernel filters it: the id and the depth (that cgroup or below)."""
-    if path is None:
+def _cgroup(args: argparse.Namespace) -> tuple[int, int] | None:
+    """--cgroup, --container or --pod as the kernel filters them: the cgroup's id and
+    its depth (that cgroup or below)."""
+    if args.cgroup is not None:
+        found = cgroup.resolve(args.cgroup)
+    elif args.container is not None or args.pod is not None:
+        found = Containers.on_host(args.host_root).cgroup_of(args.container, args.pod)
+    else:
         return None
-    found = cgroup.resolve(path)
     return found.id, found.depth
 
 
@@ -147,7 +166,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     return Options(
         pids=running_pids(args.pid),
         comms=comms,
-        cgroup=_cgroup(args.cgroup),
+        cgroup=_cgroup(args),
         host_root=args.host_root,
         format=args.format,
         min_latency_ns=int((min_lat or 0) * 1_000_000),
