@@ -29,8 +29,9 @@ const volatile bool filter_pids = false;	/* only PIDs in `pids` (and their child
 const volatile bool follow_children = true;
 const volatile bool trace_all = false;		/* --all: every syscall number */
 const volatile __u32 self_tgid = 0;		/* never trace the tracer */
-const volatile bool filter_cgroup = false;	/* only tasks in this cgroup (v2 id) */
+const volatile bool filter_cgroup = false;	/* only tasks in this cgroup (v2 id) or below */
 const volatile __u64 cgroup_id = 0;
+const volatile __u32 cgroup_level = 0;		/* its depth below the cgroup2 root */
 const volatile __u64 wakeup_bytes = 1;
 const volatile __u64 ring_bytes = 1 << 24;	/* max_entries of events */
 /* --comm: the process name contains comm_pat (ASCII case folded when comm_fold). */
@@ -142,7 +143,8 @@ static __always_inline struct syscalls_meta *traced(long id, struct task_struct 
 		return NULL;
 	if (filter_pids && !pid_traced(tgid))
 		return NULL;
-	if (filter_cgroup && bpf_get_current_cgroup_id() != cgroup_id)
+	/* The cgroup or any below it: the task's ancestor at the cgroup's own depth. */
+	if (filter_cgroup && bpf_get_current_ancestor_cgroup_id(cgroup_level) != cgroup_id)
 		return NULL;
 	if (filter_comm && !comm_matches(task))
 		return NULL;

@@ -76,7 +76,7 @@ def test_io_and_syscalls_resolve_cgroup_alike(tool: str) -> None:
     args: argparse.Namespace = parser.parse_args([tool, "--cgroup", "/"])
     opts = module.options_from_args(args)
     root = resolve("/")
-    assert (opts.cgroup if tool == "io" else opts.cgroup_id) in ((root.id, 0), root.id)
+    assert opts.cgroup == (root.id, 0)
     bad = parser.parse_args([tool, "--cgroup", "/no/such/cgroup-here"])
     with pytest.raises(UsageError, match="'/no/such/cgroup-here' is not a cgroup v2 directory"):
         module.options_from_args(bad)

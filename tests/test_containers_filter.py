@@ -112,6 +112,24 @@ def test_io_filters_the_named_container_under_host_root(node: Containers) -> Non
     args = build_parser().parse_args(["io", "--container", "web", "--host-root", host_root])
     rel = f"machine.slice/libpod-{WEB}.scope"
     assert options_from_args(args).cgroup == id_and_depth(node, rel)
-    with pytest.raises(SystemExit) as exit_:  # one filter of the three
-        build_parser().parse_args(["io", "--container", "web", "--pod", "web-0"])
-    assert exit_.value.code == 2
+
+
+@pytest.mark.parametrize("tool", ["io", "syscalls"])
+def test_one_filter_of_the_three(tool: str) -> None:
+    from meridian.cli import build_parser
+
+    for two in (["--container", "web", "--pod", "web-0"], ["--cgroup", "/", "--pod", "x"]):
+        with pytest.raises(SystemExit) as exit_:
+            build_parser().parse_args([tool, *two])
+        assert exit_.value.code == 2
+
+
+def test_syscalls_filters_a_container_of_this_host() -> None:
+    """syscalls has no --host-root: the container is looked for in this host's cgroups,
+    and an unknown one is the same line as io's."""
+    from meridian.cli import build_parser
+    from meridian.tools.syscalls.cli import options_from_args
+
+    args = build_parser().parse_args(["syscalls", "--container", "no-such-container-here"])
+    with pytest.raises(UsageError, match=r"--container 'no-such-container-here' matches no"):
+        options_from_args(args)

@@ -451,12 +451,15 @@ def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:
 
 
 def test_cgroup_filter(tmp_path: Path) -> None:
+    """--cgroup keeps the tasks of that cgroup and of those below it (here the target
+    sits in a child of the cgroup named), as io's does."""
     mounts = Path("/proc/self/mounts").read_text().splitlines()
     root = next((m.split()[1] for m in mounts if m.split()[2] == "cgroup2"), None)
     if root is None:
         pytest.skip("no cgroup2 mount")
     cg = Path(root) / f"meridian-test-{tmp_path.name}"
-    cg.mkdir()
+    inner = cg / "inner"
+    inner.mkdir(parents=True)
     tmp = tmp_path.resolve()
     (tmp / "input.txt").write_bytes(CONTENT)
     code = (
@@ -466,7 +469,7 @@ def test_cgroup_filter(tmp_path: Path) -> None:
     target = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
     tracer = None
     try:
-        (cg / "cgroup.procs").write_text(str(target.pid))
+        (inner / "cgroup.procs").write_text(str(target.pid))
         tracer = subprocess.Popen(
             [sys.executable, "-m", "meridian", "syscalls", "--cgroup", str(cg),
              "-e", "openat,newfstatat", "--duration", "4"],
@@ -490,6 +493,7 @@ def test_cgroup_filter(tmp_path: Path) -> None:
             if p is not None:
                 p.kill()
                 p.wait()
+        inner.rmdir()
         cg.rmdir()
 
 

@@ -1,11 +1,12 @@
 """The flags several tools share, each added by one function so that it is spelled,
 typed and checked the same in every tool: `-p/--pid` (repeatable), `--duration`
-(seconds, a float), `--json`, `--strategy`, `-v`, and the histogram tools'
-`[interval] [count]` and `-T`; `add_command` makes a tool's parser, its help ending in
-examples. A value the flag's type refuses is argparse's one-line
-error, exit code 2, before anything loads. Then the checks that need the host or more
-than one flag (`running_pids`, `positive_number`, `report_fields`), and `options_of`,
-which makes a tool's options dataclass from its arguments."""
+(seconds, a float), `--json`, `--strategy`, `-v`, `--cgroup`/`--container`/`--pod`,
+and the histogram tools' `[interval] [count]` and `-T`; `add_command` makes a tool's
+parser, its help ending in examples. A value the flag's type refuses is argparse's
+one-line error, exit code 2, before anything loads. Then the checks that need the host
+or more than one flag (`running_pids`, `positive_number`, `report_fields`,
+`cgroup_filter`), and `options_of`, which makes a tool's options dataclass from its
+arguments."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import cgroup
+from .containers import Containers
 from .durations import parse_duration
 from .errors import UsageError
 from .export import from_args
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
     from .bpf import Strategy
 
 __all__ = [
+    "add_cgroup_filter",
     "add_command",
     "add_duration",
     "add_json",
@@ -33,6 +37,7 @@ __all__ = [
     "add_reports",
     "add_strategy",
     "add_verbose",
+    "cgroup_filter",
     "options_of",
     "pid_list",
     "positive_number",
@@ -120,6 +125,30 @@ def add_json(
     p.add_argument("--json", action="store_const", const=True, default=default, help=help)
 
 
+def add_cgroup_filter(p: argparse.ArgumentParser) -> None:
+    """--cgroup, --container or --pod (one of them): a cgroup and those below it,
+    filtered in the kernel; `cgroup_filter` resolves them."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--cgroup",
+        metavar="PATH",
+        help="only processes in this cgroup v2 directory or below it (a path under the "
+        "cgroup2 mount, or as in /proc/PID/cgroup)",
+    )
+    where.add_argument(
+        "--container",
+        metavar="NAME|ID",
+        help="only this running container's processes (its name or a unique prefix of "
+        "its id; docker, containerd, CRI-O, podman)",
+    )
+    where.add_argument(
+        "--pod",
+        metavar="NAME|UID",
+        help="only this running Kubernetes pod's processes (its name, NAMESPACE/NAME, "
+        "or its uid), containers started in it later too",
+    )
+
+
 def add_strategy(p: argparse.ArgumentParser, strategies: Iterable[Strategy]) -> None:
     p.add_argument(
         "--strategy", choices=[s.name for s in strategies], help="force a probe strategy"
@@ -149,6 +178,20 @@ def running_pids(pids: list[int] | None, proc_root: str = "/proc") -> list[int]:
         if not Path(f"{proc_root}/{pid}").is_dir():
             raise UsageError(f"no process with PID {pid} (see ps -e)")
     return list(pids or [])
+
+
+def cgroup_filter(args: argparse.Namespace) -> tuple[int, int] | None:
+    """--cgroup, --container or --pod as the kernel filters them: the cgroup's id and its
+    depth (that cgroup or below), None for none; the node's cgroups below --host-root
+    where the tool has it."""
+    if args.cgroup is not None:
+        found = cgroup.resolve(args.cgroup)
+    elif args.container is not None or args.pod is not None:
+        host = Containers.on_host(getattr(args, "host_root", "/"))
+        found = host.cgroup_of(args.container, args.pod)
+    else:
+        return None
+    return found.id, found.depth
 
 
 def positive_number(

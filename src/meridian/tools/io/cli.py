@@ -9,16 +9,16 @@ import os
 import sys
 from typing import Any
 
-from ... import cgroup
-from ...containers import Containers
 from ...errors import UsageError
 from ...export import add_arguments, from_args
 from ...flags import (
+    add_cgroup_filter,
     add_command,
     add_duration,
     add_pid,
     add_strategy,
     add_verbose,
+    cgroup_filter,
     positive_number,
     running_pids,
 )
@@ -62,24 +62,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     add_pid(p)
     p.add_argument("--comm", action="append", default=[], help="trace this process name")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument(
-        "--cgroup",
-        metavar="PATH",
-        help="only processes in this cgroup v2 directory or below it (a path under the "
-        "cgroup2 mount, or as in /proc/PID/cgroup)",
-    )
-    where.add_argument(
-        "--container",
-        metavar="NAME|ID",
-        help="only this running container's processes (its name or a unique prefix of "
-        "its id; docker, containerd, CRI-O, podman)",
-    )
-    where.add_argument(
-        "--pod",
-        metavar="NAME|UID",
-        help="only this running Kubernetes pod's processes (its name, NAMESPACE/NAME, or its uid)",
-    )
+    add_cgroup_filter(p)
     p.add_argument(
         "--host-root",
         metavar="DIR",
@@ -121,18 +104,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _cgroup(args: argparse.Namespace) -> tuple[int, int] | None:
-    """--cgroup, --container or --pod as the kernel filters them: the cgroup's id and
-    its depth (that cgroup or below)."""
-    if args.cgroup is not None:
-        found = cgroup.resolve(args.cgroup)
-    elif args.container is not None or args.pod is not None:
-        found = Containers.on_host(args.host_root).cgroup_of(args.container, args.pod)
-    else:
-        return None
-    return found.id, found.depth
-
-
 def options_from_args(args: argparse.Namespace) -> Options:
     comms = []
     for c in args.comm:
@@ -166,7 +137,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     return Options(
         pids=running_pids(args.pid),
         comms=comms,
-        cgroup=_cgroup(args),
+        cgroup=cgroup_filter(args),
         host_root=args.host_root,
         format=args.format,
         min_latency_ns=int((min_lat or 0) * 1_000_000),

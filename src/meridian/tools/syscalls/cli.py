@@ -8,15 +8,16 @@ import argparse
 import sys
 from typing import Any
 
-from ... import cgroup
 from ...errors import ExtraMissing, UsageError
 from ...flags import (
+    add_cgroup_filter,
     add_command,
     add_duration,
     add_json,
     add_pid,
     add_strategy,
     add_verbose,
+    cgroup_filter,
     options_of,
     running_pids,
 )
@@ -40,6 +41,7 @@ EXAMPLES = """examples:
   meridian syscalls -e openat,unlinkat   # only these syscalls
   meridian syscalls --all -p 812         # every syscall of PID 812
   meridian syscalls --cgroup /sys/fs/cgroup/system.slice/nginx.service  # one cgroup
+  meridian syscalls --container web   # one container's calls (name or id prefix)
   meridian syscalls --failed             # only failing calls (the start row too)
   meridian syscalls --errno ENOENT       # only calls that failed with ENOENT
   meridian syscalls --filter passwd      # a substring anywhere (any case if lower case)
@@ -72,12 +74,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every syscall, not only file ones")
     add_pid(p)
     p.add_argument("--no-follow", action="store_true", help="do not trace forked children")
-    p.add_argument(
-        "--cgroup",
-        metavar="DIR",
-        help="only tasks in this cgroup v2 directory (a path under the cgroup2 mount, or as "
-        "in /proc/PID/cgroup)",
-    )
+    add_cgroup_filter(p)
     p.add_argument("--full", action="store_true", help="the full log: starts and ends")
     p.add_argument(
         "-c",
@@ -180,7 +177,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         command=list(args.command),
         follow=not args.no_follow,
         errnos=errnos,
-        cgroup_id=cgroup.resolve(args.cgroup).id if args.cgroup else None,
+        cgroup=cgroup_filter(args),
         tui=args.tui or not plain,
     )
 

@@ -81,8 +81,9 @@ class Capture(Session):
                 "follow_children": o.follow,
                 "trace_all": o.all,
                 "self_tgid": os.getpid(),
-                "filter_cgroup": o.cgroup_id is not None,
-                "cgroup_id": o.cgroup_id or 0,
+                "filter_cgroup": o.cgroup is not None,
+                "cgroup_id": o.cgroup[0] if o.cgroup else 0,
+                "cgroup_level": o.cgroup[1] if o.cgroup else 0,
                 "wakeup_bytes": size // 4,
                 "ring_bytes": size,
             }

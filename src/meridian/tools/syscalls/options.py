@@ -45,7 +45,7 @@ class Options:
     duration: float | None = None
     strategy: str | None = None
     ring_mb: int = 16
-    cgroup_id: int | None = None  # --cgroup: the cgroup v2 directory's inode number
+    cgroup: tuple[int, int] | None = None  # --cgroup, --container, --pod: (id, depth)
     max_rows: int = 200_000  # live views: events kept in memory (open calls always are)
     tui: bool = False
     verbose: bool = False
