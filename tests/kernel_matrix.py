@@ -56,7 +56,7 @@ DEFAULT_TESTS = (
     ),
     "tests/test_memlat_kernel.py::test_failed_faults_are_counted_exactly",
     # --from handle_mm_fault: fentry and kprobes only, which this VM refuses
-    "tests/test_memlat_kernel.py::test_from_handle_mm_fault_counts_every_call_get_user_pages_too",
+    "tests/test_memlat_kernel_pids.py::test_from_handle_mm_fault_counts_every_call_get_user_pages_too",
     "tests/test_biolat_kernel.py::test_exact_counts_sizes_slow_events_and_depth",
     "tests/test_runqlat_kernel.py::test_each_process_waits_what_its_schedstat_says",
     # the tracepoints' PID set follows threads by reading the task's thread list
@@ -64,6 +64,7 @@ DEFAULT_TESTS = (
     "tests/test_sentinel_kernel_flows.py::test_flow_attribution_over_veth",
     "tests/test_sentinel_kernel_agent.py",
     "tests/test_sentinel_kernel_tunnels.py",
+    "tests/test_sentinel_kernel_overlays.py",
     # what the verifier does for the programs that name files (6.7+ walks callbacks)
     "tests/test_bpf_verifier_cost.py",
     "tests/test_bpf_kernel.py::test_every_feature_probe_equals_the_independent_fact",

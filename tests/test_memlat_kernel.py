@@ -8,14 +8,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 from children import reap
+from memlat_children import MINOR_TOUCHER, options
 from strategies import every, run_or_skip
 
 from meridian.bpf import BpfObject, object_path
@@ -23,7 +21,7 @@ from meridian.errors import NotSupported
 from meridian.hist import slot_of
 from meridian.tools.memlat import STRATEGIES, Memlat, Options
 from meridian.tools.memlat.cli import run_options
-from meridian.tools.memlat.kernel import FROM_EXCEPTION, FROM_HANDLE_MM_FAULT, start_of
+from meridian.tools.memlat.kernel import FROM_EXCEPTION, FROM_HANDLE_MM_FAULT
 from meridian.tools.memlat.model import KINDS, Snapshot
 from meridian.tools.memlat.validate import page_toucher, run_toucher, validate
 from meridian.tools.memlat.views import report_json
@@ -35,12 +33,6 @@ EVERY_STRATEGY = every(STRATEGIES)
 # --from exception only: the tests of faults that fail before handle_mm_fault (no VMA),
 # which --from handle_mm_fault does not see at all
 FROM_EXCEPTION_STRATEGIES = every(FROM_EXCEPTION)
-
-
-def options(strategy: str | None = None, **kw: Any) -> Options:
-    """Options that force `strategy` with the start point (--from) it times from."""
-    start = start_of(strategy) if strategy else None
-    return Options(strategy=strategy, start=start or "exception", **kw)
 
 
 @pytest.mark.parametrize("strategy", ["tp_btf+perf", "tracepoint+perf"])
@@ -328,23 +320,6 @@ def test_a_thread_that_exits_with_a_fault_open_is_counted(strategy: str) -> None
     assert snap.inflight == 0
 
 
-MINOR_TOUCHER = """
-import json, mmap, resource, sys
-def touch(m):
-    r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for off in range(0, len(m), 4096):
-        m[off] = 1
-    r1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    return json.dumps({{"minflt": r1 - r0}})
-flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-touch(mmap.mmap(-1, 16 * 4096, flags=flags))  # every line above runs once before "go"
-m = mmap.mmap(-1, {pages} * 4096, flags=flags)
-m.madvise(mmap.MADV_NOHUGEPAGE)  # one fault per page
-print("ready", flush=True)
-sys.stdin.readline()
-print(touch(m), flush=True)
-sys.stdin.readline()
-"""
 MINOR_CHILD = MINOR_TOUCHER.format(pages=PAGES)
 
 
@@ -383,141 +358,3 @@ def test_minor_faults_equal_the_childs_getrusage(strategy: str, per_process: boo
     major = snap.total(opts.unit, kind=KINDS.index("major"), pid=pid)
     assert (minor.count, major.count) == (minflt, 0), (minor.count, minflt, snap.counters)
     assert snap.counters["unmatched"] == 0 and snap.counters["hists_full"] == 0
-
-
-@contextmanager
-def waiting_children(*scripts: str) -> Iterator[list[subprocess.Popen[str]]]:
-    """`python -c script` for each, once each has printed "ready"; reaped at the end."""
-    with ExitStack() as stack:
-        kids = []
-        for script in scripts:
-            child = subprocess.Popen(
-                [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                text=True,
-            )  # fmt: skip
-            stack.callback(reap, child)
-            kids.append(child)
-        for child in kids:
-            assert child.stdout is not None
-            assert child.stdout.readline().strip() == "ready"
-        yield kids
-
-
-def go_and_read(kids: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
-    """Tell every child to go on, then read each one's result line (JSON)."""
-    for child in kids:
-        assert child.stdin is not None
-        child.stdin.write("go\n")
-        child.stdin.flush()
-    out = []
-    for child in kids:
-        assert child.stdout is not None
-        out.append(json.loads(child.stdout.readline()))
-    return out
-
-
-SET_PAGES = (4096, 2048, 1024)  # traced A, traced B, untraced C
-
-
-@pytest.mark.parametrize("strategy", FROM_EXCEPTION_STRATEGIES)
-def test_a_pid_set_traces_each_of_its_processes_and_no_other(strategy: str) -> None:
-    """-p A,B: the kernel's PID set. Three children touch 4096, 2048 and 1024 fresh
-    pages at once; traced with -P -p A,B, A's and B's minor faults are each their own
-    getrusage count exactly, and C (touching as they do) has no histogram at all."""
-    run_or_skip(STRATEGIES, strategy)
-    scripts = [MINOR_TOUCHER.format(pages=n) for n in SET_PAGES]
-    with waiting_children(*scripts) as kids:
-        a, b, c = (k.pid for k in kids)
-        opts = options(strategy, pids=[a, b], per_process=True)
-        with Memlat(opts) as tool:
-            before = tool.snapshot()
-            results = go_and_read(kids)
-            snap = tool.snapshot().since(before)
-    minor = KINDS.index("minor")
-    for pid, n, result in zip((a, b), SET_PAGES, results, strict=False):
-        assert result["minflt"] >= n
-        got = snap.total(opts.unit, kind=minor, pid=pid).count
-        assert got == result["minflt"], (pid, got, result, dict(snap.counters))
-        assert snap.total(opts.unit, kind=KINDS.index("major"), pid=pid).count == 0
-    assert results[2]["minflt"] >= SET_PAGES[2]  # C faulted meanwhile
-    assert snap.total(opts.unit, pid=c).count == 0
-    assert {p for (p, _, _) in snap.cells} <= {a, b}
-    assert snap.counters["unmatched"] == 0
-
-
-GUP_PAGES = 512
-# The known number of handle_mm_fault() calls: a loop writes one byte in each of PAGES
-# fresh anonymous pages (MADV_NOHUGEPAGE: one page a fault, each one exception and one
-# call, never retried), then process_vm_writev() writes one byte into each of
-# GUP_PAGES other fresh pages of the child itself: the kernel reaches those through
-# get_user_pages (pin_user_pages_remote, FOLL_WRITE), which calls handle_mm_fault once
-# per missing page with no pt_regs and no exception. mm_account_fault() adds every call
-# to the caller's ru_minflt, both kinds; the source buffer was touched before.
-GUP_CHILD = f"""
-import ctypes, json, mmap, os, resource, sys
-libc = ctypes.CDLL(None, use_errno=True)
-
-class iovec(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-def fresh(pages):
-    m = mmap.mmap(-1, pages * 4096, flags=flags)
-    m.madvise(mmap.MADV_NOHUGEPAGE)
-    return m, ctypes.addressof(ctypes.c_char.from_buffer(m))
-src = ctypes.create_string_buffer(b"x" * {GUP_PAGES})
-local = (iovec * 1)(iovec(ctypes.addressof(src), {GUP_PAGES}))
-def touch(m, n):
-    for off in range(0, n * 4096, 4096):
-        m[off] = 1
-def gup(base, n):
-    remote = (iovec * n)(*[iovec(base + i * 4096, 1) for i in range(n)])
-    got = libc.process_vm_writev(os.getpid(), local, 1, remote, n, 0)
-    assert got == n, (got, os.strerror(ctypes.get_errno()))
-    return remote
-def minflt():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-# every call below runs once before "go", on pages of its own
-m0, b0 = fresh(16)
-touch(m0, 16), gup(b0, 16), minflt(), json.dumps({{}})
-m, _ = fresh({PAGES})
-g, gbase = fresh({GUP_PAGES})
-remote = (iovec * {GUP_PAGES})(*[iovec(gbase + i * 4096, 1) for i in range({GUP_PAGES})])
-print("ready", flush=True)
-sys.stdin.readline()
-r0 = minflt()
-touch(m, {PAGES})
-r1 = minflt()
-got = libc.process_vm_writev(os.getpid(), local, 1, remote, {GUP_PAGES}, 0)
-r2 = minflt()
-assert got == {GUP_PAGES}, (got, os.strerror(ctypes.get_errno()))
-assert bytes(g[i * 4096] for i in range({GUP_PAGES})) == b"x" * {GUP_PAGES}
-print(json.dumps({{"touch": r1 - r0, "gup": r2 - r1}}), flush=True)
-sys.stdin.readline()
-"""
-
-
-@pytest.mark.parametrize("strategy", every(FROM_HANDLE_MM_FAULT))
-def test_from_handle_mm_fault_counts_every_call_get_user_pages_too(strategy: str) -> None:
-    """--from handle_mm_fault (docs/requirements/memlat-runqlat.md, "Delta t"): every
-    call of handle_mm_fault is a fault, whoever calls it. The child's workload has a
-    known number of calls (see GUP_CHILD): PAGES from its page-touch loop (exceptions)
-    and GUP_PAGES from process_vm_writev into its own fresh pages (get_user_pages, no
-    exception, which --from exception does not count). memlat's minor count for the
-    child equals its getrusage delta over both, exactly, and each part is at least its
-    pages; no call nested, none unmatched or failed. Skips where the kernel has neither
-    fentry nor kprobes (this VM): the kernel matrix's guests run it."""
-    run_or_skip(STRATEGIES, strategy)
-    with waiting_children(GUP_CHILD) as kids:
-        opts = Options(strategy=strategy, start="handle_mm_fault", pids=[kids[0].pid])
-        with Memlat(opts) as tool:
-            assert tool.strategy.name == strategy
-            before = tool.snapshot()
-            (result,) = go_and_read(kids)
-            snap = tool.snapshot().since(before)
-    assert result["touch"] >= PAGES and result["gup"] >= GUP_PAGES, result
-    minor = snap.total(opts.unit, kind=KINDS.index("minor")).count
-    major = snap.total(opts.unit, kind=KINDS.index("major")).count
-    assert (minor, major) == (result["touch"] + result["gup"], 0), (result, snap.counters)
-    for reason in ("nested", "unmatched", "failed", "evicted", "hists_full"):
-        assert snap.counters[reason] == 0, (reason, dict(snap.counters))

@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from children import build_c, patience
+from children import patience
 from strategies import every, run_or_skip
+from syscalls_prog import CONTENT, build_prog, json_lines, meridian, path_and_outcome
 
 from meridian.tools.syscalls import STRATEGIES
 from meridian.tools.syscalls.numbers import NUMBERS
@@ -26,52 +27,10 @@ from meridian.tools.syscalls.recording_file import read_blocks
 
 pytestmark = pytest.mark.kernel
 
-PROG = r"""
-#include <fcntl.h>
-#include <stdio.h>
-#include <unistd.h>
-
-int main(int argc, char **argv)
-{
-	char buf[64];
-	int fd = open(argv[1], O_RDONLY);
-
-	if (fd < 0 || read(fd, buf, sizeof(buf)) < 0 || close(fd))
-		return 1;
-	if (open(argv[2], O_RDONLY) >= 0)
-		return 2;
-	if (rename(argv[3], argv[4]))
-		return 3;
-	return 0;
-}
-"""
-CONTENT = b"hello meridian\n"  # 15 bytes
-
 
 @pytest.fixture(scope="module")
 def prog(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_c(tmp_path_factory.mktemp("prog").resolve(), "prog", PROG, "-O1")
-
-
-def meridian(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "meridian", "syscalls", *args],
-        capture_output=True,
-        text=True,
-        timeout=patience(60),
-        env=env,
-    )
-
-
-def _json_lines(text: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in text.splitlines() if line]
-
-
-def path_and_outcome(line: str) -> tuple[str, str]:
-    """An openat line's path and its fd or errno name: strace writes flags and errors
-    its own way (O_RDONLY|O_CLOEXEC, -1 ENOENT (No such file or directory))."""
-    result = line.rsplit(" = ", 1)[1].split()
-    return line.split(", ")[1], result[1] if result[0].startswith("-") else result[0]
+    return build_prog(tmp_path_factory)
 
 
 @pytest.mark.parametrize("strategy", every(STRATEGIES))
@@ -93,7 +52,7 @@ def test_openat_calls_of_cat_equal_straces(tmp_path: Path, strategy: str) -> Non
     assert live.returncode == 0, live.stderr
     assert re.findall(r"(\d+) lost", live.stderr) == ["0"], live.stderr
     lines = [ln for ln in live.stdout.splitlines() if ln != CONTENT.decode().strip()]  # cat's
-    rows = [r for r in _json_lines("\n".join(lines)) if r["syscall"] == "openat"]
+    rows = [r for r in json_lines("\n".join(lines)) if r["syscall"] == "openat"]
     got = [f"openat({', '.join(r['args'])}) = {r['result_text']}" for r in rows]
     assert len(got) == len(want) >= 4, (got, want)
     assert [path_and_outcome(g) for g in got] == [path_and_outcome(w) for w in want]
@@ -137,7 +96,7 @@ def test_prog_calls_paired_with_paths(prog: Path, tmp_path: Path, strategy: str)
     assert live.returncode == 0, live.stderr
     assert b.exists() and not a.exists()
     assert re.findall(r"(\d+) lost", live.stderr) == ["0"], live.stderr  # not "10 lost"
-    rows = _json_lines(live.stdout)
+    rows = json_lines(live.stdout)
     assert {r["pid"] for r in rows} == {rows[0]["pid"]}  # the command only
     assert rows[0]["syscall"] == "execve" and rows[0]["args"][0] == json.dumps(str(prog))
     first = next(i for i, r in enumerate(rows) if r.get("paths") == [str(src)])
@@ -157,7 +116,7 @@ def test_prog_calls_paired_with_paths(prog: Path, tmp_path: Path, strategy: str)
     assert rows[-1]["end_index"] == -1 and "result" not in rows[-1]  # exit_group stays open
 
     # The full log of the replay: every start and end point at each other.
-    full = _json_lines(meridian("-r", str(rec), "--json", "--full").stdout)
+    full = json_lines(meridian("-r", str(rec), "--json", "--full").stdout)
     by_index = {r["index"]: r for r in full}
     assert len(by_index) == len(full) == 2 * len(rows) - 1  # exit_group has no end
     for r in full:
@@ -173,7 +132,7 @@ def test_prog_calls_paired_with_paths(prog: Path, tmp_path: Path, strategy: str)
     again = meridian("-r", str(rec), "--json")
     assert again.returncode == 0, again.stderr
     key = lambda r: r["index"]  # noqa: E731
-    assert sorted(_json_lines(again.stdout), key=key) == sorted(rows, key=key)
+    assert sorted(json_lines(again.stdout), key=key) == sorted(rows, key=key)
     plain_live = meridian("-r", str(rec)).stdout
     assert f'openat(AT_FDCWD, "{missing}", O_RDONLY) = -2 ENOENT <' in plain_live
 
@@ -198,71 +157,11 @@ def test_fd_path_crosses_mounts(prog: Path, tmp_path: Path, strategy: str) -> No
                 str(src), str(mnt / "missing"), str(mnt / "a"), str(mnt / "b"),
             )  # fmt: skip
             assert live.returncode == 0, live.stderr
-            reads = [r for r in _json_lines(live.stdout) if r["syscall"] == "read"]
+            reads = [r for r in json_lines(live.stdout) if r["syscall"] == "read"]
             assert reads[-1]["fd_path"] == str(src)
             assert reads[-1]["args"][0] == f"3<{src}>"
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def test_syscall_set_and_failed_filter(prog: Path, tmp_path: Path) -> None:
-    tmp = tmp_path.resolve()
-    src, missing = tmp / "input.txt", tmp / "missing.txt"
-    src.write_bytes(CONTENT)
-    live = meridian(
-        "-e", "openat", "--failed", "--full", "--", str(prog),
-        str(src), str(missing), str(tmp / "nope"), str(tmp / "b"),
-    )  # fmt: skip
-    assert live.returncode == 3  # the command's exit status (rename failed)
-    lines = live.stdout.splitlines()
-    mine = [line for line in lines if str(tmp) in line or "= -2 ENOENT" in line]
-    assert any(f'openat(AT_FDCWD, "{missing}", O_RDONLY) ... [end #' in line for line in mine)
-    assert all("rename" not in line and str(src) not in line for line in lines)
-    # the start row precedes its end, and each names the other
-    start = next(line for line in lines if str(missing) in line)
-    s_idx = int(start.split()[0][1:])
-    e_idx = int(start.rsplit("#", 1)[1].rstrip("]"))
-    assert lines[lines.index(start) + 1].startswith(f"#{e_idx} ")
-    assert lines[lines.index(start) + 1].endswith(f"= -2 ENOENT [start #{s_idx}]")
-
-
-def test_children_are_followed(tmp_path: Path) -> None:
-    tmp = tmp_path.resolve()
-    src = tmp / "input.txt"
-    src.write_bytes(CONTENT)
-    live = meridian(
-        "--json", "-e", "openat,execve", "--", "/bin/sh", "-c", f"cat {src} >/dev/null; true"
-    )
-    assert live.returncode == 0, live.stderr
-    rows = _json_lines(live.stdout)
-    sh = rows[0]["pid"]
-    cat = [r for r in rows if r["comm"] == "cat" and r.get("paths") == [str(src)]]
-    assert len(cat) == 1 and cat[0]["pid"] != sh and cat[0]["result"] >= 0
-
-
-def test_attach_to_a_running_process(tmp_path: Path) -> None:
-    tmp = tmp_path.resolve()
-    code = f"import os, sys; sys.stdin.readline(); os.stat({str(tmp)!r} + '/gone')"
-    target = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
-    tracer = subprocess.Popen(
-        [sys.executable, "-m", "meridian", "syscalls", "-p", str(target.pid), "-e", "newfstatat"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert tracer.stderr is not None and target.stdin is not None
-        assert tracer.stderr.readline().startswith("Tracing file-system syscalls")
-        target.stdin.write(b"go\n")
-        target.stdin.close()
-        target.wait(30)
-        out, err = tracer.communicate(timeout=30)  # stops once the process is gone
-        assert tracer.returncode == 0, err
-        assert f'newfstatat(AT_FDCWD, "{tmp}/gone", ' in out and "= -2 ENOENT <" in out
-    finally:
-        for p in (tracer, target):
-            p.kill()
-            p.wait()
 
 
 STAT_AFTER_GO = r"""
@@ -450,53 +349,6 @@ def test_tui_shows_a_live_capture(prog: Path, tmp_path: Path) -> None:
     assert [sc.index for sc in read_events(rec)] == [sc.index for sc in app.agg.log]
 
 
-def test_cgroup_filter(tmp_path: Path) -> None:
-    """--cgroup keeps the tasks of that cgroup and of those below it (here the target
-    sits in a child of the cgroup named), as io's does."""
-    mounts = Path("/proc/self/mounts").read_text().splitlines()
-    root = next((m.split()[1] for m in mounts if m.split()[2] == "cgroup2"), None)
-    if root is None:
-        pytest.skip("no cgroup2 mount")
-    cg = Path(root) / f"meridian-test-{tmp_path.name}"
-    inner = cg / "inner"
-    inner.mkdir(parents=True)
-    tmp = tmp_path.resolve()
-    (tmp / "input.txt").write_bytes(CONTENT)
-    code = (
-        "import os, sys; sys.stdin.readline(); "
-        f"os.open({str(tmp / 'input.txt')!r}, os.O_RDONLY); os.path.exists({str(tmp)!r} + '/x')"
-    )
-    target = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
-    tracer = None
-    try:
-        (inner / "cgroup.procs").write_text(str(target.pid))
-        tracer = subprocess.Popen(
-            [sys.executable, "-m", "meridian", "syscalls", "--cgroup", str(cg),
-             "-e", "openat,newfstatat", "--duration", "4"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        assert tracer.stderr is not None and target.stdin is not None
-        assert tracer.stderr.readline().startswith("Tracing")  # loaded and attached
-        target.stdin.write(b"go\n")
-        target.stdin.close()
-        target.wait(30)
-        out, err = tracer.communicate(timeout=30)
-        assert tracer.returncode == 0, err
-        lines = out.splitlines()
-        assert lines and all(f"({target.pid}:{target.pid})" in line for line in lines)
-        assert any(
-            f'openat(AT_FDCWD, "{tmp}/input.txt", O_RDONLY|O_CLOEXEC) = ' in x for x in lines
-        )
-        assert any(f'newfstatat(AT_FDCWD, "{tmp}/x", ' in x and "-2 ENOENT" in x for x in lines)
-    finally:
-        for p in (tracer, target):
-            if p is not None:
-                p.kill()
-                p.wait()
-        inner.rmdir()
-        cg.rmdir()
-
-
 def test_raw_recording_replays_like_live(prog: Path, tmp_path: Path) -> None:
     """-w with a name that is not .jsonl records the kernel's records raw; the replay
     gives the same calls, paths, fd paths and pairing as the live view; -q records
@@ -511,19 +363,19 @@ def test_raw_recording_replays_like_live(prog: Path, tmp_path: Path) -> None:
     assert live.returncode == 0, live.stderr
     assert re.findall(r"(\d+) lost", live.stderr) == ["0"], live.stderr
     assert "events recorded" in live.stderr
-    rows = _json_lines(live.stdout)
+    rows = json_lines(live.stdout)
     assert any(r.get("fd_path") == str(src) and r["syscall"] == "read" for r in rows)
     again = meridian("-r", str(rec), "--json")
     assert again.returncode == 0, again.stderr
     key = lambda r: r["index"]  # noqa: E731
-    assert sorted(_json_lines(again.stdout), key=key) == sorted(rows, key=key)
+    assert sorted(json_lines(again.stdout), key=key) == sorted(rows, key=key)
 
     b.rename(a)
     quiet = meridian("-q", "-w", str(tmp / "q.raw"), "--", *args)
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stdout == ""
     n = int(quiet.stderr.split(" events recorded")[0].rsplit(" ", 1)[-1])
-    full = _json_lines(meridian("-r", str(tmp / "q.raw"), "--json", "--full").stdout)
+    full = json_lines(meridian("-r", str(tmp / "q.raw"), "--json", "--full").stdout)
     assert len(full) == n == len({r["index"] for r in full}) > 20
     indices = sorted(r["index"] for r in full)
     assert indices == list(range(indices[0], indices[0] + n))  # no gap: nothing lost
@@ -541,23 +393,3 @@ def test_raw_recording_replays_like_live(prog: Path, tmp_path: Path) -> None:
                 ends.setdefault(NUMBERS[int(head["nr"])], set()).add(shape)
     assert ends["close"] == {(0, 0, True)}, ends
     assert ends["newfstatat"] == {(16, 12, True)}, ends  # the loader's fstat calls
-
-
-def test_comm_is_filtered_in_the_kernel(prog: Path, tmp_path: Path) -> None:
-    """--comm: the kernel sends only the events of matching process names (a lower
-    case pattern matches any case), so the recording holds no other."""
-    tmp = tmp_path.resolve()
-    src, a = tmp / "input.txt", tmp / "a"
-    src.write_bytes(CONTENT)
-    upper = tmp / "MyProg"
-    shutil.copy(prog, upper)
-    run = f"{upper} {src} {tmp}/none {a} {tmp}/b; {prog} {src} {tmp}/none {a} {tmp}/b; true"
-    rec = tmp / "rec.raw"
-    live = meridian("--comm", "myprog", "-q", "-w", str(rec), "--", "/bin/sh", "-c", run)
-    assert live.returncode == 0, live.stderr
-    full = _json_lines(meridian("-r", str(rec), "--json", "--full").stdout)
-    assert full and {r["comm"] for r in full} == {"MyProg"}
-    assert any(r.get("paths") == [str(src)] for r in full)
-    # the kernel skipped the others: no index is taken by them, nothing was lost
-    assert re.findall(r"(\d+) lost", live.stderr) == ["0"], live.stderr
-    assert sorted(r["index"] for r in full) == list(range(len(full)))
