@@ -48,6 +48,8 @@ DEFAULT_TESTS = (
     "tests/test_syscalls_kernel.py::test_prog_calls_paired_with_paths",
     "tests/test_syscalls_kernel.py::test_fd_path_crosses_mounts",
     "tests/test_syscalls_kernel.py::test_fd_paths_are_cached_until_a_rename_or_mount",
+    # the cgroup filter keeps the cgroups below the one named (the ancestor helper)
+    "tests/test_syscalls_kernel_filters.py::test_cgroup_filter",
     # per process (-P: the hists map too) under each strategy that starts at the exception;
     # the handle_mm_fault ones run the get_user_pages test below, also exact
     *(
