@@ -16,9 +16,12 @@ BPFTOOL   ?= bpftool
 # Each test that would otherwise skip needs its package here (MERIDIAN_REQUIRE_BPF=1 fails
 # a skip): gcc, libc6-dev and binutils (nm) build test programs, util-linux has setpriv,
 # taskset and losetup, mount mounts tracefs and securityfs; kubectl renders deploy/kubernetes
-# (kustomize): it comes with this machine's image, else Debian's older kubernetes-client.
+# (kustomize): it comes with this machine's image, else Debian's older kubernetes-client;
+# golang-github-containers-common has the default seccomp profile the shipped one is
+# checked against.
 DEB_PKGS  := clang llvm libbpf-dev bpftool bpftrace fio e2fsprogs util-linux mount zstd gcc \
              libc6-dev binutils strace systemd prometheus iperf3 iproute2 clickhouse-server chromium \
+             golang-github-containers-common \
              $(if $(shell command -v kubectl),,kubernetes-client)
 PYTEST_ARGS ?=
 # The kernel matrix (make test-kernels): Debian 12's own kernel and its backport, booted

@@ -316,7 +316,7 @@ def test_the_seccomp_profile_is_containers_commons_default_with_bpf_allowed() ->
     assert not {"bpf", "perf_event_open"} & deny
     assert all(set(r) <= {"names", "action", "errnoRet", "args"} for r in profile["syscalls"])
     if not CONTAINERS_DEFAULT.exists():
-        pytest.skip("no containers-common default profile here (apt-get install podman)")
+        pytest.skip("no containers-common default profile here (make test installs it)")
     generated = subprocess.run(
         [sys.executable, str(K8S / "seccomp" / "generate.py"), str(CONTAINERS_DEFAULT)],
         check=True, capture_output=True, text=True,
