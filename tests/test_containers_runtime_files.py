@@ -207,3 +207,30 @@ def test_on_a_host_root_the_hosts_cgroups_and_files(tmp_path: Path) -> None:
     }
     here = Containers.on_host("/")
     assert here.files.root == "/" and here.paths.root != found.paths.root
+
+
+def test_doctor_says_which_runtimes_files_name_containers(tmp_path: Path) -> None:
+    """RuntimeFiles.found(): each runtime's state directories that are here; doctor's
+    line names them, or says ids only, or no ids without cgroup2."""
+    from meridian.tools.doctor import _containers_line
+
+    files = RuntimeFiles(str(tmp_path))
+    assert files.found() == {"podman, CRI-O": [], "containerd": [], "docker": []}
+    none = {"cgroup2": "/sys/fs/cgroup", "runtime_files": files.found()}
+    assert _containers_line(none).endswith(
+        "cgroup2 at /sys/fs/cgroup; no runtime's files: ids only"
+    )
+    (tmp_path / "var/lib/containers/storage/overlay-containers").mkdir(parents=True)
+    (tmp_path / "var/lib/containers/storage/overlay-images").mkdir()
+    (tmp_path / "var/lib/docker/containers").mkdir(parents=True)
+    (tmp_path / "run/containerd").mkdir(parents=True)  # no task directory: no containers
+    found = files.found()
+    assert found == {
+        "podman, CRI-O": [str(tmp_path / "var/lib/containers/storage/overlay-containers")],
+        "containerd": [],
+        "docker": [str(tmp_path / "var/lib/docker/containers")],
+    }
+    line = _containers_line({"cgroup2": "/sys/fs/cgroup", "runtime_files": found})
+    assert line.startswith("containers  yes  ids from cgroup2 at /sys/fs/cgroup; names from ")
+    assert "podman, CRI-O (" in line and "docker (" in line and "containerd" not in line
+    assert "no cgroup2 mounted" in _containers_line({"cgroup2": None, "runtime_files": found})

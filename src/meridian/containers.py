@@ -184,6 +184,16 @@ class RuntimeFiles:
     def _path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)
 
+    def found(self) -> dict[str, list[str]]:
+        """Each runtime's state directories that are here (where names can come from),
+        for `meridian doctor`: none for a runtime means ids without names."""
+        storage = [d for top in self.STORAGE for d in glob.glob(self._path(top, "*-containers"))]
+        return {
+            "podman, CRI-O": sorted(d for d in storage if os.path.isdir(d)),
+            "containerd": [d for d in [self._path(self.CONTAINERD)] if os.path.isdir(d)],
+            "docker": [d for d in [self._path(self.DOCKER)] if os.path.isdir(d)],
+        }
+
     def attrs(self, container_id: str) -> dict[str, str]:
         """OpenTelemetry attributes of the container (name, image, pod, namespace,
         container in the pod) as far as its runtime's files tell; {} where none do."""

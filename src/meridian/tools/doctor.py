@@ -1,5 +1,5 @@
 """meridian doctor: what this kernel allows, which strategy each tool will use, and
-what is missing with how to fix it."""
+what is missing with how to fix it; and where container ids and names come from."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..bpf import BpfObject, Strategy, features, object_path, refusals
+from ..cgroup import cgroup2_mounts
+from ..containers import RuntimeFiles
 from ..errors import MeridianError
 from ..flags import add_command
 from ..output import JsonWriter
@@ -101,6 +103,23 @@ def _not_counted() -> dict[str, dict[str, str]]:
     return {"io": missing_hooks()}
 
 
+def _containers() -> dict[str, Any]:
+    """Where io names containers from: the cgroup2 mount (their ids) and each runtime's
+    files on this node (their names, images and pods)."""
+    mounts = cgroup2_mounts()
+    return {"cgroup2": mounts[0] if mounts else None, "runtime_files": RuntimeFiles().found()}
+
+
+def _containers_line(found: dict[str, Any]) -> str:
+    if found["cgroup2"] is None:
+        return "containers  no   no cgroup2 mounted: no container ids (a cgroup v2 host has them)"
+    runtimes = [
+        f"{name} ({', '.join(dirs)})" for name, dirs in found["runtime_files"].items() if dirs
+    ]
+    names = "; names from " + "; ".join(runtimes) if runtimes else "; no runtime's files: ids only"
+    return f"containers  yes  ids from cgroup2 at {found['cgroup2']}{names}"
+
+
 def yes(ok: object) -> str:
     return "yes" if ok else "no "
 
@@ -138,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         report["strategies"] = _strategies()
         report["kfuncs"] = _kfuncs(list(report["strategies"]))
         report["not_counted"] = _not_counted()
+    report["containers"] = _containers()
     runnable = can_run and any(p.ok for n, p in probes.items() if n in ("tracepoint", "tp_btf"))
     report["can_run"] = bool(runnable)
     if args.json:
@@ -158,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         + (report["tracefs"] + mounted_now if report["tracefs"] else report["tracefs_error"])
     )
     print(f"lockdown    {report['lockdown'] or 'unknown (no /sys/kernel/security/lockdown)'}")
+    print(_containers_line(report["containers"]))
     if probes:
         print("\nfeatures")
         for name, p in probes.items():
