@@ -194,14 +194,8 @@ def run(args: argparse.Namespace) -> int:
                     print(f"  {'':<11} without {kfunc}: {KFUNC_FALLBACKS.get(kfunc, '')}")
             for what, hooks in report["not_counted"].get(tool, {}).items():
                 print(f"  {'':<11} not counted: {what} (this kernel has no {hooks})")
-    print(
-        "\n"
-        + (
-            "ready: the tools can run here"
-            if runnable
-            else "nothing can run here: fix the lines marked no"
-        )
-    )
+    verdict = "ready: the tools can run here"
+    print("\n" + (verdict if runnable else "nothing can run here: fix the lines marked no"))
     if os.geteuid() != 0 and not report["privileges"]:
         return 1
     return 0 if runnable else 1
