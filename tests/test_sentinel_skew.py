@@ -155,3 +155,93 @@ def test_a_poll_pushed_in_parts_gets_the_answers_of_one_push() -> None:
     assert whole["flow_id"].tolist() == [7, 8, 9]
     assert got["flow_id"].tolist() == [7, 8, 9]
     assert sk.pending == 0
+
+
+def test_counters_add_up_over_pushes_and_flush() -> None:
+    """completed and expired count every sample over the run, flush's too."""
+    sk = SkewAdjuster(W)
+    for k in range(2):  # two samples completed, one push each
+        t = T0 + k * 10 * W
+        assert sk.push(sample(0, t), ctx((0, t + 10, FLOW)))["flow_id"].tolist() == [FLOW]
+    for k in range(2):  # two expired, one push each
+        sk.push(sample(1, T0 + k * 10 * W))
+        assert len(sk.push(sample(1, T0)[:0], now_ns=T0 + k * 10 * W + W + 1)) == 1
+    sk.push(sample(2, T0))
+    assert len(sk.flush()) == 1
+    assert (sk.completed, sk.expired, sk.pending) == (2, 3, 0)
+
+
+def test_a_sample_expires_only_once_its_cpu_is_past_the_whole_window() -> None:
+    sk = SkewAdjuster(W)
+    sk.push(sample(0, T0))
+    assert len(sk.push(sample(0, T0)[:0], now_ns=T0 + W)) == 0  # exactly the window
+    assert sk.pending == 1
+    assert len(sk.push(sample(0, T0)[:0], now_ns=T0 + W + 1)) == 1
+    assert sk.expired == 1
+
+
+def test_the_bound_keeps_exactly_max_pending_and_lets_the_oldest_go() -> None:
+    sk = SkewAdjuster(W, max_pending=2)
+    assert len(sk.push(make_samples(2, cpu=0, time_ns=T0 + np.array([5, 3])))) == 0
+    out = sk.push(sample(0, T0 + 4))  # three waiting: the oldest (T0 + 3) goes, flow 0
+    assert out["time_ns"].tolist() == [T0 + 3] and out["flow_id"].tolist() == [0]
+    assert (sk.pending, sk.expired) == (2, 1)
+
+
+def test_contexts_are_kept_for_twice_the_window_behind_their_cpu() -> None:
+    """After a push, a CPU's contexts older than its latest time minus 2 windows are
+    dropped, one exactly at that horizon is kept: a late sample then takes the oldest
+    context left within its window (A, at the horizon), not one pruned (B)."""
+    sk = SkewAdjuster(W)
+    horizon = T0
+    sk.push(sample(0, T0)[:0], ctx((0, horizon - W // 2, 0xB), (0, horizon, 0xA)))
+    sk.push(sample(0, T0)[:0], ctx((0, horizon + 2 * W, 0xC)))  # the CPU's time now
+    out = sk.push(sample(0, horizon - W // 2 - 10), now_ns=None)
+    assert out["flow_id"].tolist() == [0xA]
+    assert sk.completed == 1
+
+
+def test_parts_return_each_completed_sample_with_the_first_part_and_release_by_now() -> None:
+    """push_parts: the poll's contexts go in with the first part, so a flow-0 sample of
+    the first part completes there; `now_ns` releases the last part's idle waiter; a
+    poll of exactly two parts prunes after the second (the old context is gone for a
+    later sample)."""
+    contexts = ctx((0, T0 + 100, FLOW), (0, T0 + 4 * W, 0xD))
+    samples = np.concatenate(
+        [sample(0, T0), sample(0, T0 + 50, FLOW), sample(1, T0), sample(1, T0 + 1)]
+    )
+    sk = SkewAdjuster(W)
+    parts = list(sk.push_parts(samples.copy(), contexts, T0 + 3 * W, size=2))
+    assert [len(rest) for _, rest in parts] == [2, 0]
+    assert parts[0][0]["flow_id"].tolist() == [FLOW, FLOW]
+    assert parts[1][0]["cpu"].tolist() == [1, 1]  # released by now_ns: flow 0
+    assert (sk.completed, sk.expired, sk.pending) == (1, 2, 0)
+    # pruned after the last part: the context at T0 + 100 is behind CPU 0's time by
+    # more than two windows, so a sample just before it no longer finds it
+    late = sk.push(sample(0, T0 + 90), now_ns=T0 + 10 * W)
+    assert late["flow_id"].tolist() == [0]
+
+
+def test_times_exactly_2_to_the_40_apart_are_searched_per_cpu() -> None:
+    """The packed key holds a time in 40 bits: a span of exactly 2**40 ns would carry
+    into the CPU's bits, so it takes the search per CPU."""
+    from meridian.tools.sentinel.pipeline.skew import _first_at_or_after
+
+    c = np.array([0, 1], dtype=np.uint32)
+    t = np.array([T0 + (1 << 40), T0], dtype=np.uint64)
+    got = _first_at_or_after(
+        c, t, np.array([0, 1], dtype=np.uint32), np.array([T0, T0], dtype=np.uint64)
+    )
+    assert got.tolist() == [0, 1]
+
+
+def test_contexts_of_another_layout_are_read_by_field_name() -> None:
+    """Contexts with the fields in another order and one more (a reader's own layout)."""
+    other = np.dtype(
+        [("pad", "u8"), *((n, CONTEXT_DTYPE[n]) for n in reversed(CONTEXT_DTYPE.names or ()))]
+    )
+    contexts = np.zeros(1, dtype=other)
+    for name in CONTEXT_DTYPE.names or ():
+        contexts[name] = ctx((0, T0 + 10, FLOW))[name]
+    out = SkewAdjuster(W).push(sample(0, T0), contexts)
+    assert out["flow_id"].tolist() == [FLOW] and int(out["ifindex"][0]) == 7
