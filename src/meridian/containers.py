@@ -321,7 +321,7 @@ class Containers:
         a pod by its uid, its name or NAMESPACE/NAME. Only those running now: the filter
         is the cgroup's id, which a container started later does not have."""
         flag, wanted = ("--container", container) if container else ("--pod", pod or "")
-        found = _containers_dirs(self.paths.root)
+        found, pods = _cgroup_dirs(self.paths.root)
         if container:
             dirs = {
                 top
@@ -330,7 +330,6 @@ class Containers:
                 or self.files.attrs(cid).get("container.name") == container
             }
         else:
-            pods = _pod_dirs(self.paths.root)
             uids = {wanted.lower().replace("_", "-")} & set(pods)
             uids |= {
                 ref.pod_uid
@@ -359,21 +358,17 @@ def _pod_named(attrs: dict[str, str], wanted: str) -> bool:
     return not namespace or attrs.get("k8s.namespace.name") == namespace
 
 
-def _containers_dirs(root: str) -> dict[str, tuple[str, ContainerRef]]:
-    """Each container's cgroup directory below `root` (the highest that names it), by id."""
-    out: dict[str, tuple[str, ContainerRef]] = {}
+def _cgroup_dirs(root: str) -> tuple[dict[str, tuple[str, ContainerRef]], dict[str, str]]:
+    """One walk below `root`: each container's cgroup directory (the highest that names
+    it), by id, and each Kubernetes pod's, by uid."""
+    containers: dict[str, tuple[str, ContainerRef]] = {}
+    pods: dict[str, str] = {}
     for top, _, _ in os.walk(root):
+        name = os.path.basename(top)
         ref = container_of("/" + os.path.relpath(top, root))
-        if ref is not None and ref.id in os.path.basename(top):
-            out.setdefault(ref.id, (top, ref))
-    return out
-
-
-def _pod_dirs(root: str) -> dict[str, str]:
-    """Each Kubernetes pod's cgroup directory below `root`, by uid."""
-    out: dict[str, str] = {}
-    for top, _, _ in os.walk(root):
-        m = _POD.match(os.path.basename(top))
+        if ref is not None and ref.id in name:
+            containers.setdefault(ref.id, (top, ref))
+        m = _POD.match(name)
         if m:
-            out.setdefault(m.group(1).replace("_", "-"), top)
-    return out
+            pods.setdefault(m.group(1).replace("_", "-"), top)
+    return containers, pods
