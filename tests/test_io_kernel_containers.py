@@ -97,7 +97,8 @@ def test_container_filter_keeps_its_processes_only(
     container_cgroup: tuple[Path, str], tmp_path: Path
 ) -> None:
     """--container with a prefix of the id: the kernel keeps the reader in the
-    container's cgroup, and nothing of the same reader outside it."""
+    container's cgroup, exactly its file's bytes, and nothing of the same reader
+    outside it."""
     scope, cid = container_cgroup
     data = tmp_path / "data.bin"
     data.write_bytes(os.urandom(1 << 20))
@@ -118,6 +119,8 @@ def test_container_filter_keeps_its_processes_only(
         try:
             for child in (inside, outside):
                 assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+            before = summarize(*tool.stats())
+            for child in (inside, outside):
                 assert go(child) == b"done\n"
             stats = summarize(*tool.stats())
             for child in (inside, outside):
@@ -126,4 +129,6 @@ def test_container_filter_keeps_its_processes_only(
             reap(inside)
             reap(outside)
     assert set(stats) == {inside.pid}
-    assert stats[inside.pid].total("read").bytes >= 1 << 20
+    # between the two snapshots the reader read its file, exactly, and nothing else
+    read = stats[inside.pid].total("read").bytes - before[inside.pid].total("read").bytes
+    assert read == 1 << 20
