@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from meridian.tools.sentinel.model.interference import InterferenceClass, classify
-from meridian.tools.sentinel.model.records import Event
+from meridian.tools.sentinel.model.records import IDLE, Event
 from meridian.tools.sentinel.model.rollup import ROLLUP_DTYPE, UNRESOLVED, Rollup
+from meridian.tools.sentinel.pipeline import aggregator
 from meridian.tools.sentinel.pipeline.aggregator import SKIPPED_STACK, Aggregator, _Answers
 from meridian.tools.sentinel.sources.mock import make_samples
 
@@ -26,16 +27,21 @@ class CountingResolver:
         self.calls: Counter[tuple[Any, ...]] = Counter()
 
     def function_id(self, pid: int, ip: int) -> int:
-        self.calls[("function", pid, ip)] += 1
+        self._count("function", pid, ip)
         return ip >> 8  # 256-byte "functions"
 
     def callstack_id(self, pid: int, user_stack_id: int, kernel_stack_id: int, ip: int) -> int:
-        self.calls[("stack", pid, user_stack_id, kernel_stack_id, ip)] += 1
+        self._count("stack", pid, user_stack_id, kernel_stack_id, ip)
         return 0 if user_stack_id < 0 else 1000 + user_stack_id
 
     def data_object_id(self, pid: int, addr: int) -> int:
-        self.calls[("data", pid, addr)] += 1
+        self._count("data", pid, addr)
         return addr >> 6  # one object per cache line
+
+    def _count(self, what: str, *args: int) -> None:
+        """A resolver is asked with Python ints (a float id would lose bits)."""
+        assert all(type(a) is int for a in args), args
+        self.calls[(what, *args)] += 1
 
 
 def batch() -> np.ndarray[Any, Any]:
@@ -255,8 +261,8 @@ def test_new_stacks_per_window_are_bounded_and_the_rest_labelled() -> None:
     assert sum(x.samples for x in unresolved) == (500 - 9) + 19
     assert next(x for x in rows if x.callstack_id == 1007).samples == 50 + 1
     r.calls.clear()
-    agg.add(make_samples(5, pid=100, ip=0x1000, user_stack_id=np.arange(1000, 1005)))
-    assert len([k for k in r.calls if k[0] == "stack"]) == 5  # a new window, a new budget
+    agg.add(make_samples(25, pid=100, ip=0x1000, user_stack_id=np.arange(1000, 1025)))
+    assert len([k for k in r.calls if k[0] == "stack"]) == 10  # a new window, a new budget
 
 
 def test_no_stack_bound() -> None:
@@ -284,3 +290,160 @@ def test_a_window_s_answers_are_found_after_batches_merged_in_any_order() -> Non
     assert found.all() and (got == ids[order]).all()
     got, found = answers.find([np.array([99], dtype=np.uint64), np.array([1], dtype=np.uint64)])
     assert not found.any() and got.tolist() == [0]
+
+
+def test_an_answer_is_found_only_for_its_whole_key() -> None:
+    """A key that shares a column with an answer, or lands next to one, is not found."""
+    answers = _Answers()
+    u64 = lambda *v: np.array(v, dtype=np.uint64)  # noqa: E731
+    answers.add([u64(1), u64(5)], u64(7))
+    got, found = answers.find([u64(2, 1, 1), u64(5, 5, 6)])
+    assert found.tolist() == [False, True, False] and got.tolist() == [0, 7, 0]
+
+
+def test_the_window_is_a_positive_number_of_ns() -> None:
+    with pytest.raises(ValueError, match=r"^time_window_ns must be positive$"):
+        Aggregator(0, CountingResolver())
+    agg = Aggregator(1, CountingResolver())
+    agg.add(make_samples(2, time_ns=[6, 5]))
+    assert [r.time_bucket for r in agg.flush()] == [5, 6]
+
+
+def test_time_buckets_of_wall_times_are_exact_to_the_ns() -> None:
+    """A wall time 1 ns before a second's end is in that second (as a float it would
+    round up into the next)."""
+    agg = Aggregator(SEC, CountingResolver())
+    agg.add(make_samples(1), time_ns=np.array([1_700_000_000_999_999_999], dtype=np.int64))
+    (row,) = agg.flush()
+    assert row.time_bucket == 1_700_000_000_000_000_000
+
+
+def test_rows_by_time_bucket_then_cost_highest_first() -> None:
+    agg = Aggregator(SEC, CountingResolver())
+    agg.add(make_samples(4, flow_id=[1, 2, 2, 3], time_ns=[SEC + 1, 5, 6, 7]), scale=1.0)
+    agg.add(make_samples(3, flow_id=3, time_ns=9), scale=1.0)  # flow 3: 4 samples in all
+    arr = agg.flush_array()
+    assert arr["flow_id"].tolist() == [3, 2, 1]
+    assert arr["time_bucket"].tolist() == [0, 0, SEC]
+
+
+def test_ids_are_exact_over_64_bits() -> None:
+    """Function, stack and data object ids past 2**53 stay exact (uint64 throughout)."""
+
+    class Wide(CountingResolver):
+        def function_id(self, pid: int, ip: int) -> int:
+            super().function_id(pid, ip)
+            return (1 << 64) - 5
+
+        def callstack_id(self, pid: int, user_stack_id: int, kernel_stack_id: int, ip: int) -> int:
+            super().callstack_id(pid, user_stack_id, kernel_stack_id, ip)
+            return (1 << 63) + 3
+
+        def data_object_id(self, pid: int, addr: int) -> int:
+            super().data_object_id(pid, addr)
+            return (1 << 63) + 9
+
+    agg = Aggregator(SEC, Wide())
+    agg.add(make_samples(1, ip=0x1000, user_stack_id=2, data_addr=0x40))
+    (row,) = agg.flush()
+    assert (row.function_id, row.callstack_id, row.data_object_id) == (
+        (1 << 64) - 5, (1 << 63) + 3, (1 << 63) + 9
+    )  # fmt: skip
+
+
+class StackResolver(CountingResolver):
+    """A stack's id from both its ids (never 0: no frames gone)."""
+
+    def callstack_id(self, pid: int, user_stack_id: int, kernel_stack_id: int, ip: int) -> int:
+        super().callstack_id(pid, user_stack_id, kernel_stack_id, ip)
+        return (user_stack_id + 20) * 100 + kernel_stack_id + 20
+
+
+def test_stack_id_0_is_a_stack() -> None:
+    """The stack map's ids start at 0: a sample with user or kernel stack 0 is keyed by
+    its stack, not by its ip."""
+    r = StackResolver()
+    agg = Aggregator(SEC, r)
+    agg.add(
+        np.concatenate(
+            [
+                make_samples(2, pid=1, ip=[0x1000, 0x2000], user_stack_id=0),
+                make_samples(2, pid=1, ip=[0x1000, 0x2000], kernel_stack_id=0),
+            ]
+        )
+    )
+    assert sorted(k[1:] for k in r.calls if k[0] == "stack") == [(1, -14, 0, 0), (1, 0, -14, 0)]
+    got: Counter[int] = Counter()
+    for x in agg.flush():
+        got[x.callstack_id] += x.samples
+    assert got == {2006: 2, 620: 2}
+
+
+def test_a_gone_stack_at_ip_1_is_asked_with_its_ip() -> None:
+    class Gone(CountingResolver):
+        def callstack_id(self, pid: int, user_stack_id: int, kernel_stack_id: int, ip: int) -> int:
+            super().callstack_id(pid, user_stack_id, kernel_stack_id, ip)
+            return ip + 0x100 if ip else 0
+
+    agg = Aggregator(SEC, Gone())
+    agg.add(make_samples(1, pid=1, ip=1, user_stack_id=9))
+    (row,) = agg.flush()
+    assert row.callstack_id == 0x101
+
+
+def test_past_the_stack_candidates_the_hottest_are_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More distinct stacks in a batch than STACK_CANDIDATES: only the hottest that many
+    are weighed, and of them the budget's hottest asked; at exactly STACK_CANDIDATES
+    all are weighed; without a budget all are asked."""
+    monkeypatch.setattr(aggregator, "STACK_CANDIDATES", 200)  # numpy's partition of fewer
+    rng = np.random.default_rng(7)  # comes out sorted: the hottest first anyway
+    for stacks, budget in ((300, 3), (200, 3), (300, None)):
+        r = CountingResolver()
+        agg = Aggregator(SEC, r, stacks_per_window=budget)
+        counts = rng.permutation(np.arange(1, stacks + 1))  # stack k: counts[k] samples
+        ids = np.repeat(np.arange(stacks), counts)
+        agg.add(make_samples(len(ids), pid=1, ip=0x1000, user_stack_id=rng.permutation(ids)))
+        asked = sorted(np.argsort(-counts)[: budget or stacks].tolist())
+        assert sorted(k[2] for k in r.calls if k[0] == "stack") == asked
+        rows = {x.callstack_id: x.samples for x in agg.flush()}
+        want = {1000 + k: int(counts[k]) for k in asked}
+        if len(asked) < stacks:
+            want[SKIPPED_STACK] = int(counts.sum()) - sum(want.values())
+        assert rows == want
+
+
+WIDE = 1 << 60  # function ids past 2**53: as floats, 0x10 and 0x20 above it are one
+
+
+class IdleResolver(CountingResolver):
+    def __init__(self, idle: set[int]) -> None:
+        super().__init__()
+        self.idle = frozenset(WIDE + f for f in idle)
+
+    def function_id(self, pid: int, ip: int) -> int:
+        return WIDE + super().function_id(pid, ip)
+
+    def idle_function_ids(self) -> frozenset[int]:
+        return self.idle
+
+
+def test_samples_in_the_idle_code_are_no_flow_s_cost() -> None:
+    """A sample in the kernel's idle code is keyed to no flow, direction IDLE, whatever
+    its pid; the softirq of a flow on an idle CPU (pid 0, another function) stays the
+    flow's. A resolver with no idle ids changes nothing."""
+    s = np.concatenate(
+        [
+            make_samples(3, flow_id=7, pid=0, ip=0x1000, direction=1),  # function 0x10
+            make_samples(2, flow_id=7, pid=0, ip=0x2000, direction=1),  # function 0x20
+            make_samples(1, flow_id=8, pid=5, ip=0x1000, direction=2),
+        ]
+    )
+    want = {
+        frozenset({0x10}): {(0, IDLE, 0x10): 4, (7, 1, 0x20): 2},
+        frozenset(): {(7, 1, 0x10): 3, (7, 1, 0x20): 2, (8, 2, 0x10): 1},
+    }
+    for idle, rows in want.items():
+        agg = Aggregator(SEC, IdleResolver(set(idle)))
+        agg.add(s)
+        got = {(r.flow_id, r.direction, r.function_id - WIDE): r.samples for r in agg.flush()}
+        assert got == rows
