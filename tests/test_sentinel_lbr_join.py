@@ -200,6 +200,40 @@ def test_join_without_records_costs_nothing() -> None:
     assert len(j._newest) == 0  # no times kept without records
 
 
+E18 = 10**18  # a monotonic time a float64 cannot hold to the ns
+
+
+def test_member_exact_to_the_ns_and_whatever_sorts_first() -> None:
+    """A record and a sample 1 ns apart at 1e18 are not one; a sample that sorts before
+    every record does not stop the others' joins."""
+    r = recs((1, E18 + 1), (1, E18 + 5))
+    s = smps((0, 3), (1, E18 + 2), (1, E18 + 5))
+    assert member(r, s).tolist() == [False, True]
+
+
+def test_a_record_newer_by_1_ns_waits_and_one_on_a_cpu_never_sampled_waits() -> None:
+    """Times kept exact: a record 1 ns newer than its CPU's newest sample waits for it.
+    A record of a CPU past every sampled one (exactly the next, and further) waits."""
+    t = E18 + 100  # as a float64, 1e18 + 128
+    j = BranchJoin()
+    j.add(recs((0, t + 1), (1, 7), (5, 7)), smps((0, t)))
+    assert len(j.take(smps((0, t)))) == 0 and j.held == 3
+    j.add(recs()[:0], smps((0, t + 1), (1, 7), (5, 7)))
+    assert keys(j.take(smps((0, t + 1), (1, 7), (5, 7)))) == [(0, t + 1), (1, 7), (5, 7)]
+
+
+def test_take_with_nothing_held_is_no_record_of_the_source_s_type() -> None:
+    """Before any poll: no record (of the default type); after one whose records all
+    went, none of the source's type (not one left over)."""
+    first = BranchJoin().take(smps((0, 1)))
+    assert len(first) == 0 and first.dtype.names is not None and "nr" in first.dtype.names
+    j = BranchJoin()
+    j.add(recs((0, 1)), smps((0, 1)))
+    assert keys(j.take(smps((0, 1)))) == [(0, 1)]
+    again = j.take(smps((0, 2)))
+    assert len(again) == 0 and again.dtype == REC
+
+
 class Batches:
     def __init__(self) -> None:
         self.batches: list[Any] = []
