@@ -4,13 +4,24 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 from sentinel_store import SAMPLE_DTYPE, rollups
 
+from meridian.tools.sentinel.model.dataobjects import DataObject
 from meridian.tools.sentinel.model.rollup import ROLLUP_DTYPE, Rollup
 from meridian.tools.sentinel.storage import TABLES, statements
-from meridian.tools.sentinel.storage.rows import DAY_NS, raw_lines, rollup_lines, stack_lines
+from meridian.tools.sentinel.storage.rows import (
+    DAY_NS,
+    RAW_FIELDS,
+    data_object_lines,
+    flow_lines,
+    function_lines,
+    raw_lines,
+    rollup_lines,
+    stack_lines,
+)
 from meridian.tools.sentinel.symbols.symbolizer import Frame
 
 LBR_DTYPE = np.dtype(
@@ -81,3 +92,80 @@ def test_stack_lines_escape_names() -> None:
     row = json.loads("{" + chunk[1][0])
     assert row["functions"] == ['f"\\n\u00e9'] and row["addrs"] == [2**64 - 1]
     assert row["offsets"] == [8] and row["stack_id"] == 4
+
+
+def parsed(chunks: list[tuple[int, list[str]]]) -> list[tuple[int, list[dict[str, Any]]]]:
+    return [(day, [json.loads("{" + line) for line in lines]) for day, lines in chunks]
+
+
+def test_rows_of_names_objects_and_stacks_are_exact() -> None:
+    """Every field of the name tables' rows (a line lacks only its batch id); a line or
+    offset below 0 stored as 0, an address as its 64 bits; no rows, no chunk."""
+    tail = {"run_id": 3, "host": "h"}
+    objects = [DataObject(7, 11, 0x1000, "arena", "struct x", 64), DataObject(8, 12, 5, "t")]
+    assert parsed(data_object_lines(objects, 3, "h", seen_ns=9)) == [
+        (0, [
+            {"object_id": 7, "pid": 11, "address": 0x1000, "size": 64, "name": "arena",
+             "type": "struct x", "seen_ns": 9, **tail},
+            {"object_id": 8, "pid": 12, "address": 5, "size": 0, "name": "t", "type": "",
+             "seen_ns": 9, **tail},
+        ])
+    ]  # fmt: skip
+    flows = [(2**64 - 1, "10.0.0.1", "::1", 40000, 53, "udp")]
+    assert parsed(flow_lines(flows, 3, "h", seen_ns=9)) == [
+        (0, [{"flow_id": 2**64 - 1, "src": "10.0.0.1", "dst": "::1", "sport": 40000,
+              "dport": 53, "proto": "udp", "seen_ns": 9, **tail}])
+    ]  # fmt: skip
+    assert parsed(function_lines([(4, "/bin/x", "main")], 3, "h", seen_ns=9)) == [
+        (0, [{"function_id": 4, "binary": "/bin/x", "function": "main", "seen_ns": 9, **tail}])
+    ]
+    frames = (Frame("/bin/x", "f", "x.c", -1, -1, -2), Frame("[k]", "g", "", 7, 0x10, 3))
+    assert parsed(stack_lines([(4, frames)], 3, "h", seen_ns=9)) == [
+        (0, [{"stack_id": 4, "binaries": ["/bin/x", "[k]"], "functions": ["f", "g"],
+              "files": ["x.c", ""], "lines": [0, 7], "offsets": [0, 3],
+              "addrs": [2**64 - 1, 0x10], "seen_ns": 9, **tail}])
+    ]  # fmt: skip
+    for lines in (data_object_lines, flow_lines, function_lines, stack_lines):
+        assert lines([], 3, "h", seen_ns=9) == []
+
+
+def test_one_rollup_object_exact_and_costs_that_are_no_number() -> None:
+    """A single Rollup's row, its fraction of a cost kept; NaN and infinities stored
+    as 0 (JSON has none of them)."""
+    r = Rollup(1, 2, 3, 4, 5, 6, 7, 8, 9, samples=10, norm_cost=0.25, pid=11)
+    ((day, (row,)),) = parsed(rollup_lines([r], run_id=1, host="h"))
+    assert day == 0 and row == {
+        "time_bucket": 9, "flow_id": 1, "function_id": 2, "callstack_id": 3,
+        "data_object_id": 4, "event": 5, "numa_node": 6, "direction": 7,
+        "interference_class": 8, "samples": 10, "norm_cost": 0.25, "pid": 11,
+        "run_id": 1, "host": "h",
+    }  # fmt: skip
+    a = rollups(10, 3)
+    a["norm_cost"] = [np.nan, -np.inf, np.inf]
+    ((_, rows),) = parsed(rollup_lines(a, run_id=1, host="h"))
+    assert [x["norm_cost"] for x in rows] == [0.0, 0.0, 0.0]
+
+
+def test_lines_of_days_apart_are_grouped_by_day_in_their_order() -> None:
+    a = rollups(1, 4)
+    a["time_bucket"] = np.array([5, 4, 5, 6], dtype=np.uint64) * np.uint64(DAY_NS)
+    a["flow_id"] = [0, 1, 2, 3]
+    got = [(day, [x["flow_id"] for x in rows]) for day, rows in parsed(rollup_lines(a, 1, "h"))]
+    assert got == [(4, [1]), (5, [0, 2]), (6, [3])]
+
+
+def test_one_raw_sample_of_another_layout_exact() -> None:
+    """A record with only some of the columns stores 0 for the others; times past 2**53
+    exact; the stack ids given; the cost at the default scale of 1."""
+    layout = np.dtype([("time_ns", "<u8"), ("cpu", "<u4"), ("pid", "<u4"), ("gso_segs", "<u2")])
+    s = np.zeros(1, dtype=layout)
+    s[0] = (10**18 + 1, 1, 42, 2)
+    wall = np.array([10**18 + 3], dtype=np.uint64)
+    ids = np.array([2**63 + 5], dtype=np.uint64)
+    ((day, (row,)),) = parsed(raw_lines(s, 3, "h", wall_ns=wall, callstack_ids=ids))
+    zero = {f: 0 for f in RAW_FIELDS}
+    assert day == (10**18 + 3) // DAY_NS and row == {
+        **zero, "time_ns": 10**18 + 3, "ktime_ns": 10**18 + 1, "cpu": 1, "pid": 42,
+        "gso_segs": 2, "callstack_id": 2**63 + 5, "norm_cost": 0.5, "lbr_from": [],
+        "lbr_to": [], "run_id": 3, "host": "h",
+    }  # fmt: skip
