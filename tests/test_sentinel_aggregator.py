@@ -41,7 +41,8 @@ class CountingResolver:
     def _count(self, what: str, *args: int) -> None:
         """A resolver is asked with Python ints (a float id would lose bits)."""
         assert all(type(a) is int for a in args), args
-        self.calls[(what, *args)] += 1
+        key = (what, *args)
+        self.calls[key] += 1
 
 
 def batch() -> np.ndarray[Any, Any]:
@@ -295,7 +296,10 @@ def test_a_window_s_answers_are_found_after_batches_merged_in_any_order() -> Non
 def test_an_answer_is_found_only_for_its_whole_key() -> None:
     """A key that shares a column with an answer, or lands next to one, is not found."""
     answers = _Answers()
-    u64 = lambda *v: np.array(v, dtype=np.uint64)  # noqa: E731
+
+    def u64(*v: int) -> np.ndarray[Any, Any]:
+        return np.array(v, dtype=np.uint64)
+
     answers.add([u64(1), u64(5)], u64(7))
     got, found = answers.find([u64(2, 1, 1), u64(5, 5, 6)])
     assert found.tolist() == [False, True, False] and got.tolist() == [0, 7, 0]
