@@ -4,6 +4,7 @@ of /metrics, every point of a family with the same labels, flows with their 5-tu
 from __future__ import annotations
 
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -11,11 +12,12 @@ from children import wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from meridian.tools.sentinel.agent.findings import Findings
+from meridian.tools.sentinel.agent.findings import Findings, detector_context
 from meridian.tools.sentinel.agent.run import Runtime
 from meridian.tools.sentinel.config.load import SentinelConfig
-from meridian.tools.sentinel.detectors import DetectorContext
+from meridian.tools.sentinel.detectors import DetectorContext, detector_types
 from meridian.tools.sentinel.detectors.false_sharing import MIN_HITS, MIN_SHARERS
+from meridian.tools.sentinel.model.flows import FlowKey
 from meridian.tools.sentinel.model.records import Event
 from meridian.tools.sentinel.sources.mock import SHARED_LINES, MockSource, make_samples
 
@@ -109,3 +111,68 @@ def test_findings_are_the_detector_gauges() -> None:
     assert scores == expected  # each line reported, once, with all its samples
     drops = {p.labels["detector"]: p.value for p in fams["ms_detector_dropped_samples"].samples}
     assert drops == {"false_sharing": 0, "remote_dram": 0}  # every sample counted
+
+
+class FakeFinding:
+    def __init__(self, metric: str, value: float, **labels: str) -> None:
+        self.metric, self.value, self._labels = metric, value, labels
+
+    def labels(self) -> dict[str, str]:
+        return dict(self._labels)
+
+
+class FakeDetector:
+    """Emits its findings at each window's end; every call kept."""
+
+    def __init__(self, name: str, findings: list[FakeFinding], dropped: int) -> None:
+        self.name, self.findings, self.drops = name, findings, dropped
+        self.seen: list[Any] = []
+        self.ends: list[int] = []
+
+    def observe(self, samples: Any) -> None:
+        self.seen.append(samples)
+
+    def flush(self, end_ns: int, emit: Any) -> None:
+        self.ends.append(end_ns)
+        for f in self.findings:
+            emit(f)
+
+    def dropped(self) -> int:
+        return self.drops
+
+
+def test_findings_families_exact_with_the_flows_5_tuples() -> None:
+    """Each detector type's gauge with the last window's findings (a flow's 5-tuple, or
+    empty labels while it has no name; no flow, no 5-tuple), and every detector's drops;
+    nothing before the first window. The detectors given are the ones used."""
+    first, second = (cls.metric for cls in detector_types().values())
+    docs = {cls.metric: cls.doc for cls in detector_types().values()}
+    named = {10: FlowKey("10.0.0.1", "10.0.0.2", 1, 2, "tcp")}
+    a = FakeDetector("a", [FakeFinding(first, 0.5, flow="000000000000000a", line="x")], 3)
+    b = FakeDetector(
+        "b", [FakeFinding(first, 1.0, flow="b"), FakeFinding(second, 2.0, node="1")], 0
+    )
+    f = Findings(DetectorContext(), named.get, detectors=[a, b])  # type: ignore[list-item]
+    assert [id(d) for d in f.detectors] == [id(a), id(b)]
+    before = [(x.name, x.points) for x in f.families()]
+    assert before == [(first, []), (second, []), ("ms_detector_dropped_samples", before[2][1])]
+    f.on_samples(SimpleNamespace(samples="batch"))
+    f.on_window(SimpleNamespace(end_ns=7))
+    assert (a.seen, b.seen, a.ends, b.ends) == (["batch"], ["batch"], [7], [7])
+    got = [
+        (x.name, x.kind, x.unit, x.description, [(p.attrs, p.value) for p in x.points])  # type: ignore[union-attr]
+        for x in f.families()
+    ]
+    flow_a = {"flow": "000000000000000a", "line": "x", "src": "10.0.0.1", "dst": "10.0.0.2",
+              "sport": 1, "dport": 2, "proto": "tcp"}  # fmt: skip
+    flow_b = {"flow": "b", "src": "", "dst": "", "sport": "", "dport": "", "proto": ""}
+    assert got == [
+        (first, "gauge", "", docs[first], [(flow_a, 0.5), (flow_b, 1.0)]),
+        (second, "gauge", "", docs[second], [({"node": "1"}, 2.0)]),
+        ("ms_detector_dropped_samples", "counter", "",
+         "samples a detector observed but could not count (its table was full)",
+         [({"detector": "a"}, 3), ({"detector": "b"}, 0)]),
+    ]  # fmt: skip
+    lookup = object()
+    ctx = detector_context(SentinelConfig(), lookup)  # type: ignore[arg-type]
+    assert ctx.objects is lookup and set(ctx.settings) <= set(detector_types())
