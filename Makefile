@@ -92,13 +92,14 @@ bpf: $(BPF_OBJ)
 run: venv bpf
 	$(VENV)/bin/meridian io --workload --duration 10 --format text
 
-# The suite in two runs: the tests that load no BPF program two at a time (pytest-xdist,
-# a file to a worker: its module fixtures start once), then the kernel tests alone, whose
-# timings are the machine's. Both run even when the first fails; a run that selects no
-# test (exit 5, a PYTEST_ARGS of one kind only) is no failure.
+# The suite in two runs: the tests that load no BPF program four at a time (pytest-xdist,
+# a file to a worker: its module fixtures start once; many of them wait on a server or a
+# subprocess, so 4 workers beat 2 on 2 CPUs), then the kernel tests alone, whose timings
+# are the machine's. Both run even when the first fails; a run that selects no test
+# (exit 5, a PYTEST_ARGS of one kind only) is no failure.
 test: venv bpf
 	@rc=0; \
-	$(PY) -m pytest -n 2 --dist loadfile -m "not kernel and not deploy" $(PYTEST_ARGS) || \
+	$(PY) -m pytest -n 4 --dist loadfile -m "not kernel and not deploy" $(PYTEST_ARGS) || \
 	  { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
 	$(PY) -m pytest -m "kernel and not deploy" $(PYTEST_ARGS) || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
 	exit $$rc
