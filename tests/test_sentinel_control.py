@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_sentinel_plan import SEC, setup
+from test_sentinel_plan import SEC, names, setup
 
 from meridian.errors import UsageError
 from meridian.tools.sentinel.agent.control import RuntimeControl
@@ -33,10 +33,6 @@ def control(verbose: bool = False) -> tuple[RuntimeControl, Any, list[str], Fake
     plan, state, logs = setup(verbose=verbose)
     sym = FakeSymbolizer()
     return RuntimeControl(state, plan, TargetFilter(), sym), state, logs, sym  # type: ignore[arg-type]
-
-
-def names(group: list[Any]) -> list[str]:
-    return [e.name for e in group]
 
 
 def test_changes_reach_the_plan_and_the_consumer() -> None:
